@@ -1,0 +1,17 @@
+"""keras_attention: attention layers for Keras 3 on TensorFlow, JAX and PyTorch.
+
+Modules:
+    masking: boolean mask helpers (True = may attend).
+    ops: `masked_softmax` and the functional core `attention`.
+    scoring: scoring functions `s(q, k)`.
+    layers: attention layers.
+"""
+
+from keras_attention import layers
+from keras_attention import masking
+from keras_attention import ops
+from keras_attention import scoring
+
+__version__ = "0.1.0"
+
+__all__ = ["layers", "masking", "ops", "scoring", "__version__"]

@@ -1,0 +1,6 @@
+"""Attention layers."""
+
+from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.layers.soft_attention import SoftAttention
+
+__all__ = ["SelfAttention", "SoftAttention"]

@@ -1,0 +1,180 @@
+"""Soft attention: a softmax-weighted average of values.
+
+Shape legend: `B` batch, `T` query length, `S` key/value length, `Dq`, `Dk`,
+`Dv` feature sizes of query, key and value.
+"""
+
+import keras
+
+from keras_attention import _validation
+from keras_attention import masking
+from keras_attention import ops as attention_ops
+from keras_attention import scoring
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class SoftAttention(keras.layers.Layer):
+    """Soft attention: `output = softmax(s(Q, K)) V` with any scorer.
+
+    For each query `q_t` the layer scores every key, `e_ts = s(q_t, k_s)`,
+    turns the scores into weights `alpha_ts = softmax_s(e_ts)` and returns the
+    weighted sum of the values `o_t = sum_s alpha_ts v_s`.
+
+    Two modes:
+
+    - normal mode (`key=None`): the same sequence `X` serves as keys and
+      values, `o_t = sum_s alpha_ts x_s`;
+    - key-value mode: keys (what is matched) and values (what is returned)
+      are different sequences of the same length.
+
+    Masks are boolean, `True` = may attend (see `keras_attention.masking`).
+    Padding masks, an attention mask, a causal mask and Keras implicit masks
+    (from `mask_zero=True` embeddings) combine with AND. A query that may
+    attend to nothing gets weights and output exactly 0. The query's Keras mask
+    propagates to the output; the masks of the input tensors are never changed.
+
+    Args:
+        score: the scoring function: `"scaled_dot"` (default), `"dot"`,
+            `"additive"`, `"bilinear"`, a `keras_attention.scoring.Scorer`
+            instance or a scorer config.
+        dropout: float in [0, 1), dropout rate on the attention weights during
+            training. Defaults to 0.
+        seed: optional int, the seed of the dropout.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(B, T, Dq)`.
+        value: `(B, S, Dv)`.
+        key: optional `(B, S, Dk)`; defaults to `value` (normal mode).
+        query_mask: optional `(B, T)` padding mask of the queries.
+        value_mask: optional `(B, S)` padding mask of the values.
+        key_mask: optional `(B, S)` padding mask of the keys; combined with
+            `value_mask`.
+        attention_mask: optional `(B, T, S)` (or `(T, S)`) mask.
+        use_causal_mask: bool, query `t` attends only to keys
+            `0 .. S - T + t` (bottom-right aligned when `T != S`).
+        return_attention_scores: bool, also return the weights.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `output` of shape `(B, T, Dv)`, or `(output, weights)` with weights
+        `(B, T, S)` when `return_attention_scores=True`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = SoftAttention(score="additive")
+    >>> query = np.random.rand(2, 3, 8).astype("float32")
+    >>> value = np.random.rand(2, 5, 8).astype("float32")
+    >>> output, weights = layer(query, value, return_attention_scores=True)
+    >>> tuple(output.shape), tuple(weights.shape)
+    ((2, 3, 8), (2, 3, 5))
+
+    References:
+        - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
+        - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    def __init__(self, score="scaled_dot", dropout=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = _validation.check_rate("dropout", dropout)
+        self.seed = _validation.check_seed("seed", seed)
+        self.score = scoring.get(score, dtype=self.dtype_policy)
+        self.seed_generator = (
+            keras.random.SeedGenerator(self.seed) if self.dropout > 0 else None
+        )
+        self.supports_masking = True
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        _check_shapes(query_shape, value_shape, key_shape)
+        key_shape = value_shape if key_shape is None else key_shape
+        self.score.build(query_shape, key_shape)
+        self.built = True
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+    ):
+        _check_shapes(
+            query.shape, value.shape, None if key is None else key.shape
+        )
+        key = value if key is None else key
+        mask = masking.compute_attention_mask(
+            query,
+            value,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+        )
+        output, weights = attention_ops.attention(
+            query,
+            key,
+            value,
+            self.score,
+            mask=mask,
+            dropout=self.dropout,
+            training=training,
+            seed=self.seed_generator,
+        )
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        return tuple(query_shape[:-1]) + (value_shape[-1],)
+
+    def compute_output_spec(
+        self, query, value, key=None, return_attention_scores=False, **kwargs
+    ):
+        _check_shapes(query.shape, value.shape, None if key is None else key.shape)
+        output = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape),
+            dtype=self.compute_dtype,
+        )
+        if not return_attention_scores:
+            return output
+        weights = keras.KerasTensor(
+            (query.shape[0], query.shape[1], value.shape[1]),
+            dtype=self.compute_dtype,
+        )
+        return output, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "score": keras.saving.serialize_keras_object(self.score),
+                "dropout": self.dropout,
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+def _check_shapes(query_shape, value_shape, key_shape):
+    """Rank-3 inputs, with keys and values of the same length and batch."""
+    _validation.check_rank("query", query_shape, 3)
+    _validation.check_rank("value", value_shape, 3)
+    if key_shape is not None:
+        _validation.check_rank("key", key_shape, 3)
+        _validation.check_same_dim(
+            "key", key_shape[1], "value", value_shape[1], "length"
+        )
+        _validation.check_same_dim(
+            "key", key_shape[0], "value", value_shape[0], "batch size"
+        )
+    _validation.check_same_dim(
+        "query", query_shape[0], "value", value_shape[0], "batch size"
+    )

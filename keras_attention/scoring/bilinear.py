@@ -1,0 +1,74 @@
+"""Bilinear scoring: `s(q, k) = q W k^T` (Luong et al., "general")."""
+
+import keras
+from keras import ops
+
+from keras_attention.scoring.scorer import Scorer
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class Bilinear(Scorer):
+    """Bilinear score `s(q, k) = q W k^T`, Luong's "general" score.
+
+    A learned matrix `W` of shape `(Dq, Dk)` relates query and key features,
+    so their sizes may differ. With `W = I` it is the dot product.
+
+    Args:
+        kernel_initializer: initializer of `kernel`. Defaults to
+            `"glorot_uniform"`.
+        kernel_regularizer: optional regularizer of `kernel`.
+
+    Weights:
+        kernel `(Dq, Dk)`.
+
+    Call arguments:
+        query: `(..., T, Dq)`.
+        key: `(..., S, Dk)`.
+
+    Returns:
+        Scores `(..., T, S)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> scorer = Bilinear()
+    >>> tuple(scorer(np.ones((2, 3, 5)), np.ones((2, 4, 6))).shape)
+    (2, 3, 4)
+
+    References:
+        - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
+    """
+
+    def __init__(
+        self, kernel_initializer="glorot_uniform", kernel_regularizer=None, **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+
+    def build(self, query_shape, key_shape):
+        super().build(query_shape, key_shape)
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(query_shape[-1], key_shape[-1]),
+            initializer=self.kernel_initializer,
+            regularizer=self.kernel_regularizer,
+        )
+
+    def call(self, query, key):
+        projected = ops.matmul(query, self.kernel)  # (..., T, Dk)
+        return ops.matmul(projected, ops.swapaxes(key, -1, -2))  # (..., T, S)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,39 @@
+"""The base class of scoring functions."""
+
+import keras
+
+from keras_attention import _validation
+
+
+class Scorer(keras.layers.Layer):
+    """Base class of scoring functions `s(q, k)`.
+
+    A scorer is a small Keras layer `scorer(query, key) -> scores` with query
+    `(..., T, Dq)`, key `(..., S, Dk)` and scores `(..., T, S)`. Leading axes
+    (batch, heads) are carried through, so one scorer serves single-head and
+    multi-head attention alike.
+
+    Subclasses implement `call(query, key)` and, when they have weights,
+    `build(query_shape, key_shape)`. A scorer that is a (scaled) dot product
+    returns its scale from `dot_product_scale`, which lets multi-head attention
+    use a fused kernel.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def build(self, query_shape, key_shape):
+        _validation.check_rank("query", query_shape, len(key_shape))
+        self.built = True
+
+    def compute_mask(self, inputs, previous_mask=None):
+        # Scores carry no Keras mask: masking is the attention layer's job.
+        return None
+
+    def compute_output_shape(self, query_shape, key_shape):
+        return tuple(query_shape[:-1]) + (key_shape[-2],)
+
+    def dot_product_scale(self, key_dim):
+        """The scale `c` if this scorer is `c * q.k`, else `None`."""
+        return None
