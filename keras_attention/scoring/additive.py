@@ -63,7 +63,7 @@ class Additive(Scorer):
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 
     def build(self, query_shape, key_shape):
-        super().build(query_shape, key_shape)
+        self.check_shapes(query_shape, key_shape)
         units = self.units or key_shape[-1]
         if units is None:
             raise ValueError(

@@ -47,7 +47,7 @@ class Bilinear(Scorer):
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 
     def build(self, query_shape, key_shape):
-        super().build(query_shape, key_shape)
+        self.check_shapes(query_shape, key_shape)
         self.kernel = self.add_weight(
             name="kernel",
             shape=(query_shape[-1], key_shape[-1]),

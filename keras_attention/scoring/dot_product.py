@@ -33,11 +33,11 @@ class DotProduct(Scorer):
         - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
     """
 
-    def build(self, query_shape, key_shape):
+    def check_shapes(self, query_shape, key_shape):
+        super().check_shapes(query_shape, key_shape)
         _validation.check_same_dim(
             "query", query_shape[-1], "key", key_shape[-1], "feature size"
         )
-        super().build(query_shape, key_shape)
 
     def call(self, query, key):
         return ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T, S)

@@ -53,11 +53,11 @@ class ScaledDotProduct(Scorer):
             )
         self.scale = None if scale is None else float(scale)
 
-    def build(self, query_shape, key_shape):
+    def check_shapes(self, query_shape, key_shape):
+        super().check_shapes(query_shape, key_shape)
         _validation.check_same_dim(
             "query", query_shape[-1], "key", key_shape[-1], "feature size"
         )
-        super().build(query_shape, key_shape)
 
     def call(self, query, key):
         scale = self.dot_product_scale(key.shape[-1])

@@ -24,8 +24,15 @@ class Scorer(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, query_shape, key_shape):
+        self.check_shapes(query_shape, key_shape)
+
+    def check_shapes(self, query_shape, key_shape):
+        """Raises a `ValueError` for query and key shapes this scorer rejects.
+
+        Subclasses extend this rather than calling `super().build`, which
+        would mark the layer built before its weights exist.
+        """
         _validation.check_rank("query", query_shape, len(key_shape))
-        self.built = True
 
     def compute_mask(self, inputs, previous_mask=None):
         # Scores carry no Keras mask: masking is the attention layer's job.
@@ -33,6 +40,10 @@ class Scorer(keras.layers.Layer):
 
     def compute_output_shape(self, query_shape, key_shape):
         return tuple(query_shape[:-1]) + (key_shape[-2],)
+
+    def get_config(self):
+        # Defined here so that scorers without arguments serialize too.
+        return super().get_config()
 
     def dot_product_scale(self, key_dim):
         """The scale `c` if this scorer is `c * q.k`, else `None`."""
