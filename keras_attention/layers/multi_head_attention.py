@@ -1,0 +1,609 @@
+"""Multi-head attention with any scorer, grouped-query heads and a KV cache.
+
+Shape legend: `B` batch, `T` query length, `S` key/value length, `L` cache
+length, `H` query heads, `G` key/value heads (`H` divisible by `G`), `K` key
+head size, `V` value head size, `D` model width, `O` output width.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention import masking
+from keras_attention import ops as attention_ops
+from keras_attention import scoring
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, a drop-in for `keras.layers.MultiHeadAttention`.
+
+    The pipeline of "Attention Is All You Need": project the query to `H`
+    heads and the key and value to `G` heads (linear maps), attend per head
+    with the scorer (`softmax(s(q, k)) v`), concatenate the heads and project
+    back:
+
+        head_h = softmax(s(Q W_q^h, K W_k^g)) V W_v^g,   g = h // (H / G)
+        output = concat(head_1, ..., head_H) W_o
+
+    `num_key_value_heads=G < H` is grouped-query attention (each key/value
+    head serves `H / G` query heads); `G = 1` is multi-query attention.
+
+    Two paths compute the same function:
+
+    - the fused path, when the scorer is a (scaled) dot product: the backend's
+      `keras.ops.dot_product_attention` kernel (flash kernels where the
+      backend has them), with the query/key/value projections of
+      self-attention done as one matmul. Long sequences on backends without a
+      memory-efficient kernel are processed in query chunks, so the full
+      `(B, H, T, S)` score matrix is never held at once.
+    - the explicit path, for every other scorer, for returned attention
+      scores, for dropout in training, or with `fused=False`.
+
+    `uses_fused_path(...)` says which one a call takes. Both give fully masked
+    query rows an output of exactly 0.
+
+    Masks are boolean, `True` = may attend. Padding masks, attention masks,
+    the causal mask and Keras implicit masks combine with AND; the masks of the
+    input tensors are never changed. With `use_causal_mask=True` and `T != S`
+    the causal mask is bottom-right aligned: query `t` sees keys
+    `0 .. S - T + t`.
+
+    KV cache (incremental decoding): `cache` is one tensor
+    `(B, 2, L, G, K)` holding keys then values. A call with
+    `cache_update_index=i` projects the `T` new key/value positions, writes
+    them at slots `i .. i + T - 1` (with `ops.slice_update`, so it works inside
+    `ops.while_loop` and under jit) and attends to slots `0 .. i + t` for new
+    query `t` only, never to slots not yet written. With
+    `cache_update_index=None` the cache is read as it is (a filled
+    cross-attention cache) and `key`/`value` are not used. The call then also
+    returns the updated cache.
+
+    Args:
+        num_heads: positive int, the number of query heads `H`.
+        key_dim: positive int, the size `K` of each query and key head.
+        value_dim: optional positive int, the size `V` of each value head.
+            Defaults to `key_dim`.
+        dropout: float in [0, 1), dropout rate on the attention weights.
+        use_bias: bool, whether the projections have biases.
+        output_shape: optional int (or 1-tuple), the output width `O`.
+            Defaults to the query width.
+        num_key_value_heads: optional positive int `G` dividing `num_heads`.
+            Defaults to `num_heads`.
+        score: the scoring function applied per head: `"scaled_dot"`
+            (default), `"dot"`, `"additive"`, `"bilinear"`, a
+            `keras_attention.scoring.Scorer` or a config. Scorer weights are
+            shared by all heads.
+        fused: bool, whether the fused kernel may be used. Defaults to True.
+        seed: optional int, the seed of the dropout.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint: as in `keras.layers.MultiHeadAttention`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        query: `(B, T, Dq)`.
+        value: `(B, S, Dv)`.
+        key: optional `(B, S, Dk)`; defaults to `value`.
+        query_mask: optional `(B, T)` padding mask.
+        value_mask: optional `(B, S)` padding mask (`(B, L)` with a cache).
+        key_mask: optional `(B, S)` padding mask, combined with `value_mask`.
+        attention_mask: optional `(B, T, S)`, `(T, S)` or `(B, H, T, S)` mask
+            (`S = L` with a cache).
+        return_attention_scores: bool, also return the weights
+            `(B, H, T, S)`.
+        training: bool, whether dropout is active.
+        use_causal_mask: bool, query `t` sees keys `0 .. S - T + t`.
+        cache: optional `(B, 2, L, G, K)` key/value cache.
+        cache_update_index: optional int or scalar int tensor, where the new
+            keys and values are written; `None` reads the cache as it is.
+
+    Returns:
+        `output` `(B, T, O)`, or a tuple of `output`, the scores (when
+        `return_attention_scores`) and the updated cache (when `cache` is
+        given), in that order.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = MultiHeadAttention(num_heads=4, key_dim=8)
+    >>> x = np.random.rand(2, 6, 32).astype("float32")
+    >>> output, scores = layer(x, x, return_attention_scores=True)
+    >>> tuple(output.shape), tuple(scores.shape)
+    ((2, 6, 32), (2, 4, 6, 6))
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Shazeer, 2019 (multi-query)](https://arxiv.org/abs/1911.02150)
+        - [Ainslie et al., 2023 (grouped-query)](https://arxiv.org/abs/2305.13245)
+        - [Rabe and Staats, 2021](https://arxiv.org/abs/2112.05682)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        num_key_value_heads=None,
+        score="scaled_dot",
+        fused=True,
+        seed=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        **kwargs,
+    ):
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        self.num_heads = _validation.check_positive_int("num_heads", num_heads)
+        self.key_dim = _validation.check_positive_int("key_dim", key_dim)
+        self.value_dim = _validation.check_positive_int(
+            "value_dim", value_dim, allow_none=True
+        )
+        self.num_key_value_heads = _validation.check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        if self.num_heads % self._kv_heads:
+            raise ValueError(
+                "`num_heads` must be divisible by `num_key_value_heads`. "
+                f"Received: num_heads={num_heads}, "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
+        self.dropout = _validation.check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.output_shape = _standardize_output_shape(output_shape)
+        self.fused = bool(fused)
+        self.seed = _validation.check_seed("seed", seed)
+        self.score = scoring.get(score, dtype=self.dtype_policy)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.seed_generator = (
+            keras.random.SeedGenerator(self.seed) if self.dropout > 0 else None
+        )
+        self.supports_masking = True
+
+    @property
+    def _kv_heads(self):
+        return self.num_key_value_heads or self.num_heads
+
+    @property
+    def _value_dim(self):
+        return self.value_dim or self.key_dim
+
+    def _dense(self, equation, output_shape, bias_axes, name):
+        initializers = {
+            # Fresh initializer instances, so that no two kernels start equal.
+            "kernel_initializer": self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            "bias_initializer": self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+        }
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            bias_constraint=self.bias_constraint,
+            dtype=self.dtype_policy,
+            name=name,
+            **initializers,
+        )
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        _check_input_shapes(query_shape, value_shape, key_shape)
+        key_shape = value_shape if key_shape is None else key_shape
+        heads, kv_heads = self.num_heads, self._kv_heads
+        # Same weight layout as keras.layers.MultiHeadAttention, so weights
+        # move between the two unchanged.
+        self.query_dense = self._dense(
+            "btd,dhk->bthk", (None, heads, self.key_dim), "hk", "query"
+        )
+        self.key_dense = self._dense(
+            "bsd,dgk->bsgk", (None, kv_heads, self.key_dim), "gk", "key"
+        )
+        self.value_dense = self._dense(
+            "bsd,dgv->bsgv", (None, kv_heads, self._value_dim), "gv", "value"
+        )
+        output_width = self.output_shape[-1] if self.output_shape else query_shape[-1]
+        self.output_dense = self._dense(
+            "bthv,hvo->bto", (None, output_width), "o", "attention_output"
+        )
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build(
+            (query_shape[0], query_shape[1], heads, self._value_dim)
+        )
+        head_query = (None, heads, None, self.key_dim)
+        head_key = (None, heads, None, self.key_dim)
+        if self.score.built:
+            self.score.check_shapes(head_query, head_key)
+        else:
+            self.score.build(head_query, head_key)
+        self.built = True
+
+    def uses_fused_path(self, training=False, return_attention_scores=False):
+        """Whether a call with these arguments takes the fused kernel.
+
+        The fused path needs a (scaled) dot-product scorer, equal key and
+        value head sizes, no returned scores, and no active dropout: dropout
+        during training takes the explicit path, inference stays fused.
+        """
+        return (
+            self.fused
+            and self.score.dot_product_scale(self.key_dim) is not None
+            and self._value_dim == self.key_dim
+            and not return_attention_scores
+            and not (training and self.dropout > 0)
+        )
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+    ):
+        _check_input_shapes(
+            query.shape, value.shape, None if key is None else key.shape
+        )
+        if cache_update_index is not None and cache is None:
+            raise ValueError(
+                "`cache_update_index` needs a `cache`. Received: "
+                f"cache=None, cache_update_index={cache_update_index!r}"
+            )
+        q = self._project(self.query_dense, query)  # (B, T, H, K)
+        if cache is not None:
+            self._check_cache(cache, cache_update_index, query.shape[1])
+            if cache_update_index is None:
+                k, v = cache[:, 0], cache[:, 1]  # (B, L, G, K)
+            else:
+                k, v = self._project_key_value(query, value, key)
+                update = ops.stack([k, v], axis=1)  # (B, 2, T, G, K)
+                start = [0, 0, cache_update_index, 0, 0]
+                cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
+                k, v = cache[:, 0], cache[:, 1]  # (B, L, G, K)
+        else:
+            k, v = self._project_key_value(query, value, key)  # (B, S, G, K)
+
+        mask = masking.compute_attention_mask(
+            query,
+            k,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+        )
+        fused = self.uses_fused_path(training, return_attention_scores)
+        query_length, key_length = q.shape[1], k.shape[1]
+        # A causal mask alone, on equal static lengths, goes to the kernel as
+        # a flag: no (T, S) mask is built and torch can take its flash kernel.
+        causal_flag = (
+            fused
+            and use_causal_mask
+            and mask is None
+            and cache is None
+            and query_length is not None
+            and query_length == key_length
+        )
+        if use_causal_mask and cache is None and not causal_flag:
+            mask = masking.merge_masks(
+                mask, masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+            )
+        if cache is not None and cache_update_index is not None:
+            written = masking.causal_mask(
+                ops.shape(q)[1], ops.shape(k)[1], query_start=cache_update_index
+            )  # (T, L)
+            mask = masking.merge_masks(mask, written)
+        if mask is not None:
+            mask = _to_rank4(mask)  # (B|1, H|1, T, S)
+
+        if fused:
+            output = self._fused_attention(q, k, v, mask, causal_flag)
+            scores = None
+        else:
+            output, scores = self._explicit_attention(q, k, v, mask, training)
+        output = self.output_dense(output)  # (B, T, O)
+
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (scores,)
+        if cache is not None:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _project(self, dense, x):
+        return dense(x)
+
+    def _project_key_value(self, query, value, key):
+        key = value if key is None else key
+        k = self._project(self.key_dense, key)  # (B, S, G, K)
+        v = self._project(self.value_dense, value)  # (B, S, G, V)
+        return k, v
+
+    def _check_cache(self, cache, cache_update_index, query_length):
+        expected = (2, None, self._kv_heads, self.key_dim)
+        shape = tuple(cache.shape)
+        if len(shape) != 5 or any(
+            e is not None and d is not None and d != e
+            for d, e in zip(shape[1:], expected)
+        ):
+            raise ValueError(
+                "`cache` must have shape (batch, 2, max_length, "
+                f"{self._kv_heads}, {self.key_dim}). Received: cache with "
+                f"shape {shape}"
+            )
+        if self._value_dim != self.key_dim:
+            raise ValueError(
+                "A KV cache needs `value_dim == key_dim`. Received: "
+                f"key_dim={self.key_dim}, value_dim={self._value_dim}"
+            )
+        if isinstance(cache_update_index, int) and not isinstance(
+            cache_update_index, bool
+        ):
+            max_length = shape[2]
+            if cache_update_index < 0 or (
+                max_length is not None
+                and query_length is not None
+                and cache_update_index + query_length > max_length
+            ):
+                raise ValueError(
+                    "`cache_update_index` out of range: writing "
+                    f"{query_length} positions at cache_update_index="
+                    f"{cache_update_index} into a cache of max_length="
+                    f"{max_length}"
+                )
+
+    def _repeat_kv(self, x):
+        groups = self.num_heads // self._kv_heads
+        return x if groups == 1 else ops.repeat(x, groups, axis=1)
+
+    def _explicit_attention(self, q, k, v, mask, training):
+        q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, T, K)
+        k = self._repeat_kv(ops.transpose(k, (0, 2, 1, 3)))  # (B, H, S, K)
+        v = self._repeat_kv(ops.transpose(v, (0, 2, 1, 3)))  # (B, H, S, V)
+        output, weights = attention_ops.attention(
+            q,
+            k,
+            v,
+            self.score,
+            mask=mask,
+            dropout=self.dropout,
+            training=training,
+            seed=self.seed_generator,
+        )  # (B, H, T, V), (B, H, T, S)
+        return ops.transpose(output, (0, 2, 1, 3)), weights  # (B, T, H, V)
+
+    def _fused_attention(self, q, k, v, mask, is_causal):
+        """The backend kernel, with fully masked rows set to exactly 0."""
+        scale = self.score.dot_product_scale(self.key_dim)
+        if mask is None:
+            return ops.dot_product_attention(
+                q, k, v, scale=scale, is_causal=is_causal
+            )  # (B, T, H, V)
+        # Positions no query may see are zeroed, so that NaN or inf stored
+        # there cannot reach outputs or gradients (0 * NaN is NaN).
+        reachable = ops.any(ops.any(mask, axis=2), axis=1)  # (B|1, S)
+        reachable = reachable[:, :, None, None]  # (B|1, S, 1, 1)
+        k = ops.where(reachable, k, ops.zeros_like(k))
+        v = ops.where(reachable, v, ops.zeros_like(v))
+        # Kernels give a fully masked row the mean of the values (or NaN);
+        # such rows see every key inside the kernel and are zeroed after it.
+        has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
+        kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
+        output = ops.dot_product_attention(
+            q, k, v, mask=kernel_mask, scale=scale
+        )  # (B, T, H, V)
+        has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
+        return ops.where(has_key, output, ops.zeros_like(output))
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        width = self.output_shape[-1] if self.output_shape else query_shape[-1]
+        return tuple(query_shape[:-1]) + (width,)
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        return_attention_scores=False,
+        cache=None,
+        **kwargs,
+    ):
+        _check_input_shapes(
+            query.shape, value.shape, None if key is None else key.shape
+        )
+        output = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape),
+            dtype=self.compute_dtype,
+        )
+        outputs = (output,)
+        if return_attention_scores:
+            key_length = value.shape[1] if cache is None else cache.shape[2]
+            outputs += (
+                keras.KerasTensor(
+                    (query.shape[0], self.num_heads, query.shape[1], key_length),
+                    dtype=self.compute_dtype,
+                ),
+            )
+        if cache is not None:
+            outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "output_shape": self.output_shape,
+                "num_key_value_heads": self.num_key_value_heads,
+                "score": keras.saving.serialize_keras_object(self.score),
+                "fused": self.fused,
+                "seed": self.seed,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+                "activity_regularizer": keras.regularizers.serialize(
+                    self.activity_regularizer
+                ),
+                "kernel_constraint": keras.constraints.serialize(
+                    self.kernel_constraint
+                ),
+                "bias_constraint": keras.constraints.serialize(
+                    self.bias_constraint
+                ),
+            }
+        )
+        return config
+
+    @classmethod
+    def from_keras(cls, layer):
+        """Builds a layer equal to a built `keras.layers.MultiHeadAttention`.
+
+        The new layer has the same configuration and takes over copies of the
+        weights, so it gives the same outputs on `(batch, length, dim)`
+        inputs.
+
+        Args:
+            layer: a built `keras.layers.MultiHeadAttention` with the default
+                attention axes and no gate.
+
+        Returns:
+            A built `MultiHeadAttention`.
+
+        Example:
+
+        >>> import keras, numpy as np
+        >>> peer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+        >>> x = np.random.rand(1, 3, 8).astype("float32")
+        >>> _ = peer(x, x)
+        >>> ours = MultiHeadAttention.from_keras(peer)
+        >>> bool(np.allclose(ours(x, x), peer(x, x), atol=1e-5))
+        True
+        """
+        if not isinstance(layer, keras.layers.MultiHeadAttention):
+            raise ValueError(
+                "`layer` must be a keras.layers.MultiHeadAttention. "
+                f"Received: layer={layer!r}"
+            )
+        if not layer.built:
+            raise ValueError(
+                "`layer` must be built (called once) before its weights can "
+                f"be taken over. Received: unbuilt layer {layer.name!r}"
+            )
+        peer = layer.get_config()
+        if peer.get("attention_axes") not in (None, (1,), [1]) or peer.get(
+            "use_gate", False
+        ):
+            raise ValueError(
+                "`from_keras` supports (batch, length, dim) attention without "
+                f"a gate. Received: attention_axes={peer.get('attention_axes')}"
+                f", use_gate={peer.get('use_gate', False)}"
+            )
+        new = cls(
+            num_heads=peer["num_heads"],
+            key_dim=peer["key_dim"],
+            value_dim=peer["value_dim"],
+            dropout=peer["dropout"],
+            use_bias=peer["use_bias"],
+            output_shape=peer["output_shape"],
+            seed=peer["seed"],
+            kernel_initializer=peer["kernel_initializer"],
+            bias_initializer=peer["bias_initializer"],
+            kernel_regularizer=peer["kernel_regularizer"],
+            bias_regularizer=peer["bias_regularizer"],
+            activity_regularizer=peer["activity_regularizer"],
+            kernel_constraint=peer["kernel_constraint"],
+            bias_constraint=peer["bias_constraint"],
+            dtype=layer.dtype_policy,
+            name=layer.name,
+        )
+        query_shape = (None, None, layer.query_dense.kernel.shape[0])
+        key_shape = (None, None, layer.key_dense.kernel.shape[0])
+        value_shape = (None, None, layer.value_dense.kernel.shape[0])
+        new.build(query_shape, value_shape, key_shape)
+        pairs = (
+            (new.query_dense, layer.query_dense),
+            (new.key_dense, layer.key_dense),
+            (new.value_dense, layer.value_dense),
+            (new.output_dense, layer.output_dense),
+        )
+        for ours, theirs in pairs:
+            ours.set_weights(theirs.get_weights())
+        return new
+
+
+def _to_rank4(mask):
+    """`(T, S)` -> `(1, 1, T, S)`; `(B, T, S)` -> `(B, 1, T, S)`."""
+    if len(mask.shape) == 2:
+        return mask[None, None]
+    if len(mask.shape) == 3:
+        return mask[:, None]
+    return mask
+
+
+def _standardize_output_shape(output_shape):
+    if output_shape is None:
+        return None
+    if isinstance(output_shape, int) and not isinstance(output_shape, bool):
+        output_shape = (output_shape,)
+    if (
+        not isinstance(output_shape, (tuple, list))
+        or len(output_shape) != 1
+        or isinstance(output_shape[0], bool)
+        or not isinstance(output_shape[0], int)
+        or output_shape[0] <= 0
+    ):
+        raise ValueError(
+            "`output_shape` must be None, a positive int or a 1-tuple of one. "
+            f"Received: output_shape={output_shape!r}"
+        )
+    return (int(output_shape[0]),)
+
+
+def _check_input_shapes(query_shape, value_shape, key_shape):
+    _validation.check_rank("query", query_shape, 3)
+    _validation.check_rank("value", value_shape, 3)
+    _validation.check_same_dim(
+        "query", query_shape[0], "value", value_shape[0], "batch size"
+    )
+    if key_shape is not None:
+        _validation.check_rank("key", key_shape, 3)
+        _validation.check_same_dim(
+            "key", key_shape[1], "value", value_shape[1], "length"
+        )
