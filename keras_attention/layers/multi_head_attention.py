@@ -400,9 +400,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """The backend kernel, with fully masked rows set to exactly 0."""
         scale = self.score.dot_product_scale(self.key_dim)
         if mask is None:
-            return ops.dot_product_attention(
-                q, k, v, scale=scale, is_causal=is_causal
-            )  # (B, T, H, V)
+            return _dot_product_attention(q, k, v, None, scale, is_causal)
         # Positions no query may see are zeroed, so that NaN or inf stored
         # there cannot reach outputs or gradients (0 * NaN is NaN).
         reachable = ops.any(ops.any(mask, axis=2), axis=1)  # (B|1, S)
@@ -413,9 +411,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # such rows see every key inside the kernel and are zeroed after it.
         has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
         kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
-        output = ops.dot_product_attention(
-            q, k, v, mask=kernel_mask, scale=scale
-        )  # (B, T, H, V)
+        output = _dot_product_attention(q, k, v, kernel_mask, scale, False)
         has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
         return ops.where(has_key, output, ops.zeros_like(output))
 
@@ -566,6 +562,82 @@ class MultiHeadAttention(keras.layers.Layer):
         for ours, theirs in pairs:
             ours.set_weights(theirs.get_weights())
         return new
+
+
+# Backends whose CPU kernel holds the whole (B, H, T, S) score matrix get
+# query chunks with at most this many bytes of scores each.
+_CHUNK_SCORE_BYTES = 16 * 2**20
+_CHUNKED_BACKENDS = ("tensorflow", "jax")
+
+
+def _query_chunk_size(q, k):
+    """The query chunk length for long sequences, or None for one block."""
+    if keras.backend.backend() not in _CHUNKED_BACKENDS:
+        return None
+    batch, query_length, heads, _ = q.shape
+    key_length = k.shape[1]
+    if query_length is None or key_length is None:
+        return None
+    per_query = (batch or 1) * heads * key_length * 4
+    chunk = max(1, _CHUNK_SCORE_BYTES // per_query)
+    return chunk if chunk < query_length else None
+
+
+def _dot_product_attention(q, k, v, mask, scale, is_causal):
+    """`ops.dot_product_attention`, in query chunks for long sequences.
+
+    Each chunk of queries attends to all keys with its own rows of the mask
+    (Rabe and Staats, 2021, without their key chunking): exact, and the peak
+    memory of the scores falls from `B H T S` to `B H C S`. `ops.map` runs the
+    chunks one after the other (a scan under jit) and differentiates.
+    """
+    chunk = _query_chunk_size(q, k)
+    if chunk is None:
+        return ops.dot_product_attention(
+            q, k, v, mask=mask, scale=scale, is_causal=is_causal
+        )  # (B, T, H, V)
+    batch, query_length, heads, head_dim = ops.shape(q)
+    key_length = k.shape[1]
+    num_chunks = -(-query_length // chunk)
+    padding = num_chunks * chunk - query_length
+    if padding:
+        q = ops.pad(q, ((0, 0), (0, padding), (0, 0), (0, 0)))
+    q_chunks = ops.reshape(q, (batch, num_chunks, chunk, heads, head_dim))
+    q_chunks = ops.moveaxis(q_chunks, 1, 0)  # (N, B, C, H, K)
+    starts = ops.arange(num_chunks, dtype="int32") * chunk  # (N,)
+    if mask is not None:
+        if padding:
+            mask = ops.pad(
+                mask, ((0, 0), (0, 0), (0, padding), (0, 0)), constant_values=True
+            )
+        mask_chunks = ops.reshape(
+            mask, (mask.shape[0], mask.shape[1], num_chunks, chunk, key_length)
+        )
+        mask_chunks = ops.moveaxis(mask_chunks, 2, 0)  # (N, B|1, H|1, C, S)
+    offset = key_length - query_length  # bottom-right causal alignment
+
+    def attend(inputs):
+        if mask is None:
+            q_chunk, start = inputs
+            chunk_mask = None
+        else:
+            q_chunk, start, chunk_mask = inputs
+        if is_causal:
+            causal = masking.causal_mask(
+                chunk, key_length, query_start=start + offset
+            )[None, None]  # (1, 1, C, S)
+            chunk_mask = masking.merge_masks(chunk_mask, causal)
+        return ops.dot_product_attention(
+            q_chunk, k, v, mask=chunk_mask, scale=scale
+        )  # (B, C, H, V)
+
+    inputs = (q_chunks, starts) if mask is None else (q_chunks, starts, mask_chunks)
+    outputs = ops.map(attend, inputs)  # (N, B, C, H, V)
+    outputs = ops.moveaxis(outputs, 0, 1)  # (B, N, C, H, V)
+    outputs = ops.reshape(
+        outputs, (batch, num_chunks * chunk, heads, v.shape[-1])
+    )
+    return outputs[:, :query_length]  # (B, T, H, V)
 
 
 def _to_rank4(mask):
