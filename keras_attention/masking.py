@@ -27,6 +27,33 @@ def _is_static_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _check_integer(name, value, positive):
+    """Raises unless `value` is an int or an integer tensor (`> 0` if `positive`).
+
+    Python and numpy scalars are checked by value; tensors (whose value may be
+    unknown while tracing) by dtype only; symbolic dimensions (a JAX
+    shape-polymorphic length while Keras infers output shapes) pass. A float
+    such as `np.float32(2.5)` is refused rather than truncated, which backends
+    do differently.
+    """
+    if isinstance(value, numbers.Number) or value is None or isinstance(value, str):
+        if not _is_static_int(value):
+            raise ValueError(
+                f"`{name}` must be an integer. Received: {name}={value!r}"
+            )
+        if positive and value <= 0:
+            raise ValueError(
+                f"`{name}` must be a positive integer. Received: {name}={value}"
+            )
+    elif hasattr(value, "dtype"):
+        dtype = keras.backend.standardize_dtype(value.dtype)
+        if "int" not in dtype:
+            raise ValueError(
+                f"`{name}` must be an integer. Received: {name} with dtype "
+                f"{dtype}"
+            )
+
+
 def causal_mask(query_length, key_length=None, query_start=None):
     """Returns the boolean causal mask of shape `(query_length, key_length)`.
 
@@ -48,6 +75,10 @@ def causal_mask(query_length, key_length=None, query_start=None):
     Returns:
         A boolean tensor of shape `(query_length, key_length)`.
 
+    Raises:
+        ValueError: if a length is not a positive integer, or `query_start`
+            not an integer (a float, even `2.0`, or a float tensor included).
+
     Example:
 
     >>> import numpy as np
@@ -57,17 +88,12 @@ def causal_mask(query_length, key_length=None, query_start=None):
     """
     if key_length is None:
         key_length = query_length
-    for name, value in (("query_length", query_length), ("key_length", key_length)):
-        if _is_static_int(value) and value <= 0:
-            raise ValueError(
-                f"`{name}` must be a positive integer. Received: {name}={value}"
-            )
-        if isinstance(value, (bool, float)):
-            raise ValueError(
-                f"`{name}` must be an integer. Received: {name}={value!r}"
-            )
+    _check_integer("query_length", query_length, positive=True)
+    _check_integer("key_length", key_length, positive=True)
     if query_start is None:
         query_start = key_length - query_length
+    else:
+        _check_integer("query_start", query_start, positive=False)
     query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
         query_start, "int32"
     )  # (T,)
