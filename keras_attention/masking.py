@@ -20,7 +20,6 @@ import numbers
 import keras
 from keras import ops
 
-from keras_attention import _validation
 
 
 def _is_static_int(value):
@@ -203,15 +202,18 @@ def merge_masks(*masks):
     return merged
 
 
-def _check_dim(name, shape, axis, expected, what):
+def _check_dim(name, shape, axis, expected, what, broadcast=False):
+    """Raises unless `shape[axis]` is `expected` (or 1 when `broadcast`)."""
     if shape is None or expected is None:
         return
     dim = shape[axis]
-    if dim is not None and int(dim) != int(expected):
-        raise ValueError(
-            f"`{name}` must have {what} {expected} on axis {axis}. Received: "
-            f"{name} with shape {tuple(shape)}"
-        )
+    if dim is None or int(dim) == int(expected) or (broadcast and int(dim) == 1):
+        return
+    allowed = f"{expected} (or 1)" if broadcast else f"{expected}"
+    raise ValueError(
+        f"`{name}` must have {what} {allowed} on axis {axis}. Received: "
+        f"{name} with shape {tuple(shape)}"
+    )
 
 
 def compute_attention_mask(
@@ -265,10 +267,13 @@ def compute_attention_mask(
     attention_mask = standardize_mask(attention_mask, "attention_mask")
     if attention_mask is not None:
         shape = tuple(attention_mask.shape)
-        _check_dim("attention_mask", shape, -2, query_length, "query length")
-        _check_dim("attention_mask", shape, -1, key_length, "key length")
+        # Size-1 axes broadcast, e.g. (1, T, S) for a batch or (B, 1, S).
+        _check_dim(
+            "attention_mask", shape, -2, query_length, "query length", True
+        )
+        _check_dim("attention_mask", shape, -1, key_length, "key length", True)
         if len(shape) > 2:
-            _check_dim("attention_mask", shape, 0, batch, "batch size")
+            _check_dim("attention_mask", shape, 0, batch, "batch size", True)
         masks.append(attention_mask)
     if use_causal_mask:
         t = query_length if query_length is not None else ops.shape(query)[1]

@@ -504,3 +504,26 @@ def test_compute_attention_mask_float_mask_is_type_error(name, shape):
         masking.compute_attention_mask(
             query, value, **{name: ops.ones(shape, "float32")}
         )
+
+
+def test_compute_attention_mask_size_one_axes_broadcast():
+    """`(1, T, S)` and `(B, 1, S)` attention masks broadcast like numpy."""
+    batch, query_length, key_length = 2, 3, 4
+    query = np.zeros((batch, query_length, 5), "float32")
+    value = np.zeros((batch, key_length, 5), "float32")
+    shared = np.random.default_rng(1).random((1, query_length, key_length)) > 0.5
+    per_key = np.array([[[1, 1, 0, 1]], [[0, 1, 1, 1]]], bool)  # (B, 1, S)
+    value_mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    got = to_numpy(
+        masking.compute_attention_mask(
+            query, value, value_mask=value_mask, attention_mask=shared
+        )
+    )
+    expected = shared & value_mask[:, None, :]
+    np.testing.assert_array_equal(np.broadcast_to(got, expected.shape), expected)
+    got = to_numpy(masking.compute_attention_mask(query, value, attention_mask=per_key))
+    np.testing.assert_array_equal(got, per_key)
+    with pytest.raises(ValueError, match=r"`attention_mask` must have batch size 2"):
+        masking.compute_attention_mask(
+            query, value, attention_mask=np.ones((3, query_length, key_length), bool)
+        )
