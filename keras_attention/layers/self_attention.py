@@ -6,6 +6,7 @@ Shape legend: `B` batch, `T` sequence length, `D` input features, `U` units.
 import keras
 
 from keras_attention import _validation
+from keras_attention import masking
 from keras_attention.layers.soft_attention import SoftAttention
 
 
@@ -128,6 +129,9 @@ class SelfAttention(keras.layers.Layer):
         training=None,
     ):
         _validation.check_rank("inputs", inputs.shape, 3)
+        # Checked here so that errors name `mask`, not the `query_mask` and
+        # `value_mask` it becomes below.
+        mask = _check_mask(mask, inputs.shape)
         query = self.query_dense(inputs)  # (B, T, U)
         key = self.key_dense(inputs)  # (B, T, U)
         value = self.value_dense(inputs)  # (B, T, U)
@@ -137,6 +141,9 @@ class SelfAttention(keras.layers.Layer):
             key=key,
             query_mask=mask,
             value_mask=mask,
+            # Explicit, or Keras would fill it from the mask the key projection
+            # carries, and an explicit `mask` could not replace the implicit one.
+            key_mask=mask,
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
             return_attention_scores=return_attention_scores,
@@ -183,3 +190,14 @@ class SelfAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _check_mask(mask, inputs_shape):
+    """A `(B, T)` boolean or integer padding mask of `inputs`, as boolean."""
+    mask = masking.standardize_mask(mask, "mask", ranks=(2,))
+    if mask is not None:
+        for axis, what in ((0, "batch size"), (1, "length")):
+            _validation.check_same_dim(
+                "mask", mask.shape[axis], "inputs", inputs_shape[axis], what
+            )
+    return mask

@@ -113,6 +113,11 @@ class SoftAttention(keras.layers.Layer):
             query.shape, value.shape, None if key is None else key.shape
         )
         key = value if key is None else key
+        # One head: a (B, H, T, S) mask would broadcast its heads against the
+        # batch of the (B, T, S) scores, so it is refused here.
+        attention_mask = masking.standardize_mask(
+            attention_mask, "attention_mask", ranks=(2, 3)
+        )
         mask = masking.compute_attention_mask(
             query,
             value,

@@ -1,0 +1,297 @@
+"""A character-level language model on tiny-shakespeare, built from SelfAttention.
+
+Reads the text one character at a time and learns to predict the next one. The
+model is a small decoder-only transformer: token and learned position
+embeddings, then a few blocks of causal `keras_attention.layers.SelfAttention`
+and a feed-forward network, each with a residual connection and a layer norm
+in front (pre-norm, as in GPT-2), then a softmax over the characters.
+
+Data: the first 90% of the text trains, the last 10% validates (the split of
+nanoGPT's `shakespeare_char`). Training draws random windows of
+`context_length + 1` characters; validation reads the whole held-out tenth in
+consecutive windows.
+
+Usage:
+
+    python examples/demo/train.py                    # about 1-3 minutes on a CPU
+    python examples/demo/train.py --backend jax      # or tensorflow, torch
+    python examples/demo/train.py --tiny             # a few steps, for tests
+
+The last line printed is `val_loss: <value>`: the mean cross-entropy, in nats
+per character, on the validation text (a model that only knew character
+frequencies would score about 3.3).
+"""
+
+import argparse
+import dataclasses
+import gzip
+import os
+import pathlib
+import sys
+import time
+
+# `--backend` must reach KERAS_BACKEND before keras is imported.
+for _i, _arg in enumerate(sys.argv[1:], start=1):
+    if _arg == "--backend" and _i + 1 < len(sys.argv):
+        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
+    elif _arg.startswith("--backend="):
+        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_attention  # noqa: E402
+
+DATA_PATH = (
+    pathlib.Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt.gz"
+)
+
+
+@dataclasses.dataclass
+class Config:
+    # Data.
+    data_path: str = str(DATA_PATH)
+    train_fraction: float = 0.9
+    context_length: int = 64
+    batch_size: int = 16
+    # Model.
+    num_layers: int = 2
+    hidden_dim: int = 128
+    intermediate_dim: int = 256
+    # Training.
+    steps: int = 1500
+    eval_interval: int = 500
+    learning_rate: float = 2e-3
+    warmup_steps: int = 100
+    eval_windows: int | None = None  # None: the whole validation text.
+    # Sampling.
+    sample_length: int = 200
+    temperature: float = 0.8
+    seed: int = 1337
+
+
+TINY = dict(
+    context_length=16,
+    batch_size=8,
+    num_layers=1,
+    hidden_dim=16,
+    intermediate_dim=32,
+    steps=6,
+    eval_interval=3,
+    warmup_steps=2,
+    eval_windows=32,
+    sample_length=20,
+)
+
+
+# Data.
+
+
+def load_text(path):
+    """The corpus as one string."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+class Vocabulary:
+    """Characters <-> integer ids, one id per distinct character of the text."""
+
+    def __init__(self, text):
+        self.characters = sorted(set(text))
+        self._ids = {c: i for i, c in enumerate(self.characters)}
+
+    def __len__(self):
+        return len(self.characters)
+
+    def encode(self, text):
+        return np.array([self._ids[c] for c in text], dtype="int32")
+
+    def decode(self, ids):
+        return "".join(self.characters[int(i)] for i in ids)
+
+
+def split_ids(ids, train_fraction):
+    """The first `train_fraction` of `ids` trains, the rest validates."""
+    boundary = int(train_fraction * len(ids))
+    return ids[:boundary], ids[boundary:]
+
+
+def random_windows(ids, context_length, batch_size, seed):
+    """An endless dataset of `(inputs, targets)` batches, each `(B, T)`.
+
+    Every window is `T + 1` consecutive ids from a random start; the targets
+    are the inputs shifted left by one, so position `t` learns to predict
+    character `t + 1` from characters `0 .. t`.
+    """
+    ids = tf.constant(ids)
+    num_starts = int(ids.shape[0]) - context_length  # The last start still has T+1 ids.
+    offsets = tf.range(context_length + 1, dtype="int64")  # (T + 1,)
+
+    def gather(random_batch):  # (B,)
+        starts = random_batch % num_starts  # (B,)
+        window = tf.gather(ids, starts[:, None] + offsets[None, :])  # (B, T + 1)
+        return window[:, :-1], window[:, 1:]  # (B, T), (B, T)
+
+    return (
+        tf.data.Dataset.random(seed=seed)
+        .batch(batch_size, drop_remainder=True)
+        .map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def consecutive_windows(ids, context_length, batch_size, max_windows=None):
+    """Non-overlapping windows that cover `ids`, as `(inputs, targets)` batches."""
+    num_windows = (len(ids) - 1) // context_length
+    if max_windows is not None:
+        num_windows = min(num_windows, max_windows)
+    length = num_windows * context_length
+    inputs = ids[:length].reshape(num_windows, context_length)  # (N, T)
+    targets = ids[1 : length + 1].reshape(num_windows, context_length)  # (N, T)
+    return tf.data.Dataset.from_tensor_slices((inputs, targets)).batch(batch_size)
+
+
+def make_datasets(config):
+    """Returns the vocabulary, the training and validation datasets, the ids."""
+    text = load_text(config.data_path)
+    vocabulary = Vocabulary(text)
+    train_ids, val_ids = split_ids(vocabulary.encode(text), config.train_fraction)
+    train_data = random_windows(
+        train_ids, config.context_length, config.batch_size, config.seed
+    )
+    val_data = consecutive_windows(
+        val_ids, config.context_length, config.batch_size, config.eval_windows
+    )
+    return vocabulary, train_data, val_data, val_ids
+
+
+# Model.
+
+
+def build_model(config, vocabulary_size):
+    """A causal character model: `(B, T)` ids -> `(B, T, vocabulary_size)` logits."""
+    tokens = keras.Input((None,), dtype="int32", name="tokens")  # (B, T)
+    # Position ids 0 .. T-1 taken from the input, so any length up to
+    # `context_length` works (sampling feeds a full window, training too).
+    positions = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1  # (B, T)
+    token_embedding = keras.layers.Embedding(
+        vocabulary_size, config.hidden_dim, name="token_embedding"
+    )
+    position_embedding = keras.layers.Embedding(
+        config.context_length, config.hidden_dim, name="position_embedding"
+    )
+    x = token_embedding(tokens) + position_embedding(positions)  # (B, T, D)
+    for i in range(config.num_layers):
+        # Self-attention block: each position sees only itself and its left.
+        h = keras.layers.LayerNormalization(name=f"block{i}_attention_norm")(x)
+        h = keras_attention.layers.SelfAttention(
+            units=config.hidden_dim, name=f"block{i}_self_attention"
+        )(h, use_causal_mask=True)  # (B, T, D)
+        h = keras.layers.Dense(config.hidden_dim, name=f"block{i}_attention_output")(h)
+        x = x + h
+        # Feedforward block.
+        h = keras.layers.LayerNormalization(name=f"block{i}_feedforward_norm")(x)
+        h = keras.layers.Dense(
+            config.intermediate_dim, activation="gelu", name=f"block{i}_intermediate"
+        )(h)  # (B, T, intermediate_dim)
+        h = keras.layers.Dense(config.hidden_dim, name=f"block{i}_output")(h)
+        x = x + h
+    x = keras.layers.LayerNormalization(name="final_norm")(x)
+    logits = keras.layers.Dense(vocabulary_size, name="logits")(x)  # (B, T, V)
+    return keras.Model(tokens, logits, name="char_transformer")
+
+
+# Training and evaluation.
+
+
+def train(config, model, train_data, val_data):
+    """Adam with a linear warmup and a cosine decay; evaluates as it goes."""
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        warmup_target=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        decay_steps=max(config.steps - config.warmup_steps, 1),
+        alpha=0.1,
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    interval = min(config.eval_interval, config.steps)
+    model.fit(
+        train_data,
+        epochs=max(config.steps // interval, 1),
+        steps_per_epoch=interval,
+        validation_data=val_data,
+        verbose=2,
+    )
+
+
+def sample(model, vocabulary, prompt_ids, length, temperature, seed):
+    """Extends `prompt_ids` (a full context window) by `length` sampled ids."""
+    rng = np.random.default_rng(seed)
+    window = np.array(prompt_ids, dtype="int32")[None, :]  # (1, T)
+    new_ids = []
+    for _ in range(length):
+        logits = keras.ops.convert_to_numpy(model.predict_on_batch(window))
+        logits = logits[0, -1].astype("float64") / temperature  # (V,)
+        probabilities = np.exp(logits - logits.max())
+        next_id = rng.choice(len(probabilities), p=probabilities / probabilities.sum())
+        new_ids.append(next_id)
+        # Slide the window: one fixed shape, so the predict function compiles once.
+        window = np.concatenate([window[:, 1:], [[next_id]]], axis=1).astype("int32")
+    return vocabulary.decode(new_ids)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a few steps, in seconds")
+    parser.add_argument("--steps", type=int, help="training steps")
+    parser.add_argument(
+        "--backend",
+        choices=["tensorflow", "jax", "torch"],
+        help="Keras backend (default: KERAS_BACKEND, else tensorflow)",
+    )
+    args = parser.parse_args(argv)
+    config = Config(**TINY) if args.tiny else Config()
+    if args.steps is not None:
+        config.steps = args.steps
+        config.eval_interval = min(config.eval_interval, args.steps)
+    return config
+
+
+def main(argv=None):
+    config = parse_args(argv)
+    keras.utils.set_random_seed(config.seed)
+    print(f"backend: {keras.backend.backend()}")
+    print(config)
+
+    vocabulary, train_data, val_data, val_ids = make_datasets(config)
+    model = build_model(config, len(vocabulary))
+    print(
+        f"vocabulary: {len(vocabulary)} characters, "
+        f"parameters: {model.count_params():,}"
+    )
+
+    start = time.perf_counter()
+    train(config, model, train_data, val_data)
+    print(f"trained {config.steps} steps in {time.perf_counter() - start:.1f} s")
+
+    prompt = val_ids[: config.context_length]
+    continuation = sample(
+        model, vocabulary, prompt, config.sample_length, config.temperature, config.seed
+    )
+    print("---- sample ----")
+    print(vocabulary.decode(prompt) + continuation)
+    print("----------------")
+
+    val_loss, val_accuracy = model.evaluate(val_data, verbose=0)
+    print(f"val_accuracy: {val_accuracy:.4f}")
+    print(f"val_loss: {val_loss:.4f}")
+
+
+if __name__ == "__main__":
+    main()
