@@ -6,6 +6,7 @@ Shape legend: `B` batch, `T` sequence length, `D` input features, `U` units.
 import keras
 
 from keras_attention import _validation
+from keras_attention import scoring
 from keras_attention import masking
 from keras_attention.layers.soft_attention import SoftAttention
 
@@ -171,7 +172,7 @@ class SelfAttention(keras.layers.Layer):
         config.update(
             {
                 "units": self.units,
-                "score": keras.saving.serialize_keras_object(self.score),
+                "score": scoring.serialize(self.score),
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(

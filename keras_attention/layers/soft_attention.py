@@ -164,7 +164,7 @@ class SoftAttention(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "score": keras.saving.serialize_keras_object(self.score),
+                "score": scoring.serialize(self.score),
                 "dropout": self.dropout,
                 "seed": self.seed,
             }

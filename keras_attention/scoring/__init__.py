@@ -53,6 +53,10 @@ def get(identifier, **kwargs):
             )
         return _BY_NAME[identifier](**kwargs)
     if isinstance(identifier, dict):
+        # The parent layer builds its scorer in its own `build`, so the
+        # scorer's weights get the parent's path; an early build from a
+        # `build_config` would create them outside it.
+        identifier = {k: v for k, v in identifier.items() if k != "build_config"}
         scorer = keras.saving.deserialize_keras_object(identifier)
         if isinstance(scorer, Scorer):
             return scorer
@@ -63,6 +67,18 @@ def get(identifier, **kwargs):
     )
 
 
+def serialize(scorer):
+    """The config of a scorer for a parent layer's `get_config`.
+
+    Like `keras.saving.serialize_keras_object`, without the build config:
+    the parent builds its scorer, so that the scorer's weights live under the
+    parent's path (`attention/additive/query_kernel`) after a reload too.
+    """
+    config = keras.saving.serialize_keras_object(scorer)
+    config.pop("build_config", None)
+    return config
+
+
 __all__ = [
     "Additive",
     "Bilinear",
@@ -70,4 +86,5 @@ __all__ = [
     "ScaledDotProduct",
     "Scorer",
     "get",
+    "serialize",
 ]
