@@ -110,6 +110,18 @@ def test_config_keeps_every_argument():
     assert restored.get_config() == layer.get_config()
 
 
+def test_restored_layer_keeps_weight_paths():
+    layer = SelfAttention(units=3, score="bilinear", name="encoder")
+    layer(_sequence())
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(layer)
+    )
+    paths = [w.path for w in layer.weights]
+    assert [w.path for w in restored.weights] == paths
+    scorer_path = layer.score.kernel.path
+    assert scorer_path.startswith("encoder/attention/"), scorer_path
+
+
 def test_return_attention_scores_shapes():
     layer = SelfAttention(units=4)
     output, weights = layer(_sequence(), return_attention_scores=True)

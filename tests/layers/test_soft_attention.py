@@ -12,6 +12,7 @@ from keras_attention.layers import SoftAttention
 SCORERS = ["dot", "scaled_dot", "additive", "bilinear"]
 # Scorers with weights accept query and key of different feature sizes.
 FREE_DIM_SCORERS = ["additive", "bilinear"]
+ADDITIVE_WEIGHTS = ["query_kernel", "key_kernel", "bias", "score_vector"]
 
 
 def _inputs(score, batch=2, t=3, s=5, dv=4, seed=0):
@@ -119,9 +120,9 @@ def test_functional_model_at_several_lengths():
 def test_saved_model_loads_with_the_same_outputs(tmp_path):
     query, key, value = _inputs("additive")
     inputs = [keras.Input(x.shape[1:]) for x in (query, key, value)]
-    outputs = SoftAttention(score=scoring.Additive(units=5))(
-        inputs[0], inputs[2], key=inputs[1]
-    )
+    outputs = SoftAttention(
+        score=scoring.Additive(units=5, name="scorer"), name="attention"
+    )(inputs[0], inputs[2], key=inputs[1])
     model = keras.Model(inputs, outputs)
     expected = harness.to_numpy(model([query, key, value]))
     path = str(tmp_path / "model.keras")
@@ -131,6 +132,10 @@ def test_saved_model_loads_with_the_same_outputs(tmp_path):
         harness.to_numpy(restored([query, key, value])), expected, rtol=1e-6
     )
     assert restored.layers[-1].score.units == 5
+    # The scorer's variables keep their path under the attention layer.
+    paths = [f"attention/scorer/{name}" for name in ADDITIVE_WEIGHTS]
+    assert [w.path for w in model.weights] == paths
+    assert [w.path for w in restored.weights] == paths
 
 
 # Small cases worked by hand and in numpy.

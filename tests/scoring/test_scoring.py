@@ -176,10 +176,24 @@ def test_restored_scorer_gives_same_scores(name):
     scorer = scoring.get(name)
     expected = harness.to_numpy(scorer(query, key))
     restored = scoring.get(keras.saving.serialize_keras_object(scorer))
-    # The build config travels with the config: the weights exist already.
-    assert restored.built
+    # No build config: the attention layer that owns a scorer builds it.
+    assert not restored.built
+    restored.build(query.shape, key.shape)
     restored.set_weights(scorer.get_weights())
     np.testing.assert_allclose(harness.to_numpy(restored(query, key)), expected)
+
+
+def test_serialize_leaves_the_build_to_the_owner():
+    query, key = _inputs("bilinear")
+    scorer = scoring.Bilinear(kernel_initializer="orthogonal")
+    scorer(query, key)
+    config = scoring.serialize(scorer)
+    assert "build_config" not in config
+    unbuilt = scoring.Bilinear(kernel_initializer="orthogonal", name=scorer.name)
+    assert config == keras.saving.serialize_keras_object(unbuilt)
+    restored = scoring.get(config)
+    assert type(restored) is scoring.Bilinear and not restored.built
+    assert restored.get_config() == scorer.get_config()
 
 
 # scoring.get.
