@@ -190,7 +190,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 self.bias_initializer.get_config()
             ),
         }
-        return keras.layers.EinsumDense(
+        dense = keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
@@ -202,6 +202,11 @@ class MultiHeadAttention(keras.layers.Layer):
             name=name,
             **initializers,
         )
+        # The projections are position-wise, so a padding mask carries over;
+        # without this, Keras warns on every call with a masked input that the
+        # projection "destroys the mask".
+        dense.supports_masking = True
+        return dense
 
     def build(self, query_shape, value_shape, key_shape=None):
         _check_input_shapes(query_shape, value_shape, key_shape)
@@ -459,7 +464,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "use_bias": self.use_bias,
                 "output_shape": self.output_shape,
                 "num_key_value_heads": self.num_key_value_heads,
-                "score": keras.saving.serialize_keras_object(self.score),
+                "score": scoring.serialize(self.score),
                 "fused": self.fused,
                 "seed": self.seed,
                 "kernel_initializer": keras.initializers.serialize(
@@ -497,7 +502,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
         Args:
             layer: a built `keras.layers.MultiHeadAttention` with the default
-                attention axes and no gate.
+                attention axes, no gate and no sliding window (a `ValueError`
+                otherwise).
 
         Returns:
             A built `MultiHeadAttention`.
@@ -523,13 +529,19 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"be taken over. Received: unbuilt layer {layer.name!r}"
             )
         peer = layer.get_config()
-        if peer.get("attention_axes") not in (None, (1,), [1]) or peer.get(
-            "use_gate", False
+        # A sliding window changes which keys each query sees; taking the
+        # weights without it would silently give other outputs.
+        if (
+            peer.get("attention_axes") not in (None, (1,), [1])
+            or peer.get("use_gate", False)
+            or peer.get("sliding_window") is not None
         ):
             raise ValueError(
                 "`from_keras` supports (batch, length, dim) attention without "
-                f"a gate. Received: attention_axes={peer.get('attention_axes')}"
-                f", use_gate={peer.get('use_gate', False)}"
+                "a gate or a sliding window. Received: attention_axes="
+                f"{peer.get('attention_axes')}, use_gate="
+                f"{peer.get('use_gate', False)}, sliding_window="
+                f"{peer.get('sliding_window')}"
             )
         new = cls(
             num_heads=peer["num_heads"],
@@ -591,6 +603,11 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
     memory of the scores falls from `B H T S` to `B H C S`. `ops.map` runs the
     chunks one after the other (a scan under jit) and differentiates.
     """
+    if keras.backend.backend() == "tensorflow" and k.shape[2] == 1 < q.shape[2]:
+        # Keras's TensorFlow kernel repeats key/value heads only for G > 1:
+        # multi-query attention (G = 1) fails there with a shape error.
+        k = ops.repeat(k, q.shape[2], axis=2)  # (B, S, H, K)
+        v = ops.repeat(v, q.shape[2], axis=2)  # (B, S, H, V)
     chunk = _query_chunk_size(q, k)
     if chunk is None:
         return ops.dot_product_attention(
@@ -652,20 +669,22 @@ def _to_rank4(mask):
 def _standardize_output_shape(output_shape):
     if output_shape is None:
         return None
-    if isinstance(output_shape, int) and not isinstance(output_shape, bool):
-        output_shape = (output_shape,)
+    # The message reports the value received, before it is made a tuple.
+    shape = output_shape
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
     if (
-        not isinstance(output_shape, (tuple, list))
-        or len(output_shape) != 1
-        or isinstance(output_shape[0], bool)
-        or not isinstance(output_shape[0], int)
-        or output_shape[0] <= 0
+        not isinstance(shape, (tuple, list))
+        or len(shape) != 1
+        or isinstance(shape[0], bool)
+        or not isinstance(shape[0], int)
+        or shape[0] <= 0
     ):
         raise ValueError(
             "`output_shape` must be None, a positive int or a 1-tuple of one. "
             f"Received: output_shape={output_shape!r}"
         )
-    return (int(output_shape[0]),)
+    return (int(shape[0]),)
 
 
 def _check_input_shapes(query_shape, value_shape, key_shape):
