@@ -2,9 +2,10 @@
 
 Reads the text one character at a time and learns to predict the next one. The
 model is a small decoder-only transformer: token and learned position
-embeddings, then a few blocks of causal `keras_attention.layers.SelfAttention`
-and a feed-forward network, each with a residual connection and a layer norm
-in front (pre-norm, as in GPT-2), then a softmax over the characters.
+embeddings, then a few blocks of causal attention (heads that are each a
+`keras_attention.layers.SelfAttention`, side by side) and a feed-forward
+network, each with a residual connection and a layer norm in front (pre-norm,
+as in GPT-2), then a softmax over the characters.
 
 Data: the first 90% of the text trains, the last 10% validates (the split of
 nanoGPT's `shakespeare_char`). Training draws random windows of
@@ -13,7 +14,7 @@ consecutive windows.
 
 Usage:
 
-    python examples/demo/train.py                    # about 1-3 minutes on a CPU
+    python examples/demo/train.py                    # a few minutes on a CPU
     python examples/demo/train.py --backend jax      # or tensorflow, torch
     python examples/demo/train.py --tiny             # a few steps, for tests
 
@@ -25,6 +26,7 @@ frequencies would score about 3.3).
 import argparse
 import dataclasses
 import gzip
+import math
 import os
 import pathlib
 import sys
@@ -58,6 +60,7 @@ class Config:
     batch_size: int = 16
     # Model.
     num_layers: int = 2
+    num_heads: int = 4
     hidden_dim: int = 128
     intermediate_dim: int = 256
     # Training.
@@ -65,6 +68,7 @@ class Config:
     eval_interval: int = 500
     learning_rate: float = 2e-3
     warmup_steps: int = 100
+    eval_batch_size: int = 64
     eval_windows: int | None = None  # None: the whole validation text.
     # Sampling.
     sample_length: int = 200
@@ -75,7 +79,9 @@ class Config:
 TINY = dict(
     context_length=16,
     batch_size=8,
+    eval_batch_size=8,
     num_layers=1,
+    num_heads=2,
     hidden_dim=16,
     intermediate_dim=32,
     steps=6,
@@ -162,7 +168,7 @@ def make_datasets(config):
         train_ids, config.context_length, config.batch_size, config.seed
     )
     val_data = consecutive_windows(
-        val_ids, config.context_length, config.batch_size, config.eval_windows
+        val_ids, config.context_length, config.eval_batch_size, config.eval_windows
     )
     return vocabulary, train_data, val_data, val_ids
 
@@ -185,10 +191,16 @@ def build_model(config, vocabulary_size):
     x = token_embedding(tokens) + position_embedding(positions)  # (B, T, D)
     for i in range(config.num_layers):
         # Self-attention block: each position sees only itself and its left.
+        # Several heads, each a SelfAttention of D / num_heads units, side by side.
         h = keras.layers.LayerNormalization(name=f"block{i}_attention_norm")(x)
-        h = keras_attention.layers.SelfAttention(
-            units=config.hidden_dim, name=f"block{i}_self_attention"
-        )(h, use_causal_mask=True)  # (B, T, D)
+        heads = [
+            keras_attention.layers.SelfAttention(
+                units=config.hidden_dim // config.num_heads,
+                name=f"block{i}_head{j}",
+            )(h, use_causal_mask=True)  # (B, T, D / num_heads)
+            for j in range(config.num_heads)
+        ]
+        h = keras.layers.Concatenate(name=f"block{i}_heads")(heads)  # (B, T, D)
         h = keras.layers.Dense(config.hidden_dim, name=f"block{i}_attention_output")(h)
         x = x + h
         # Feedforward block.
@@ -207,7 +219,10 @@ def build_model(config, vocabulary_size):
 
 
 def train(config, model, train_data, val_data):
-    """Adam with a linear warmup and a cosine decay; evaluates as it goes."""
+    """Adam with a linear warmup and a cosine decay; evaluates as it goes.
+
+    Returns the number of steps trained.
+    """
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
         warmup_target=config.learning_rate,
@@ -220,14 +235,17 @@ def train(config, model, train_data, val_data):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
-    interval = min(config.eval_interval, config.steps)
+    # One Keras "epoch" per evaluation: `steps` split into near-equal parts.
+    num_evaluations = max(round(config.steps / config.eval_interval), 1)
+    steps_per_evaluation = math.ceil(config.steps / num_evaluations)
     model.fit(
         train_data,
-        epochs=max(config.steps // interval, 1),
-        steps_per_epoch=interval,
+        epochs=num_evaluations,
+        steps_per_epoch=steps_per_evaluation,
         validation_data=val_data,
         verbose=2,
     )
+    return num_evaluations * steps_per_evaluation
 
 
 def sample(model, vocabulary, prompt_ids, length, temperature, seed):
@@ -259,7 +277,6 @@ def parse_args(argv=None):
     config = Config(**TINY) if args.tiny else Config()
     if args.steps is not None:
         config.steps = args.steps
-        config.eval_interval = min(config.eval_interval, args.steps)
     return config
 
 
@@ -277,8 +294,8 @@ def main(argv=None):
     )
 
     start = time.perf_counter()
-    train(config, model, train_data, val_data)
-    print(f"trained {config.steps} steps in {time.perf_counter() - start:.1f} s")
+    steps = train(config, model, train_data, val_data)
+    print(f"trained {steps} steps in {time.perf_counter() - start:.1f} s")
 
     prompt = val_ids[: config.context_length]
     continuation = sample(
