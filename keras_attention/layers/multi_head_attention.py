@@ -235,10 +235,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         head_query = (None, heads, None, self.key_dim)
         head_key = (None, heads, None, self.key_dim)
-        if self.score.built:
-            self.score.check_shapes(head_query, head_key)
-        else:
-            self.score.build(head_query, head_key)
+        self.score.build_or_check(head_query, head_key)
         self.built = True
 
     def uses_fused_path(self, training=False, return_attention_scores=False):
@@ -279,7 +276,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`cache_update_index` needs a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
             )
-        q = self._project(self.query_dense, query)  # (B, T, H, K)
+        q = self.query_dense(query)  # (B, T, H, K)
         if cache is not None:
             self._check_cache(cache, cache_update_index, query.shape[1])
             if cache_update_index is None:
@@ -339,13 +336,10 @@ class MultiHeadAttention(keras.layers.Layer):
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def _project(self, dense, x):
-        return dense(x)
-
     def _project_key_value(self, query, value, key):
         key = value if key is None else key
-        k = self._project(self.key_dense, key)  # (B, S, G, K)
-        v = self._project(self.value_dense, value)  # (B, S, G, V)
+        k = self.key_dense(key)  # (B, S, G, K)
+        v = self.value_dense(value)  # (B, S, G, V)
         return k, v
 
     def _check_cache(self, cache, cache_update_index, query_length):

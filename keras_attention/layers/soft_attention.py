@@ -89,11 +89,7 @@ class SoftAttention(keras.layers.Layer):
     def build(self, query_shape, value_shape, key_shape=None):
         _check_shapes(query_shape, value_shape, key_shape)
         key_shape = value_shape if key_shape is None else key_shape
-        if self.score.built:
-            # A scorer restored from its config, or shared, is built already.
-            self.score.check_shapes(query_shape, key_shape)
-        else:
-            self.score.build(query_shape, key_shape)
+        self.score.build_or_check(query_shape, key_shape)
         self.built = True
 
     def call(

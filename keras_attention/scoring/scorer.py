@@ -26,6 +26,17 @@ class Scorer(keras.layers.Layer):
     def build(self, query_shape, key_shape):
         self.check_shapes(query_shape, key_shape)
 
+    def build_or_check(self, query_shape, key_shape):
+        """Builds the scorer, or only checks the shapes if it is built.
+
+        A scorer restored from its config, or shared by several layers, is
+        built already; its owner must not create its weights twice.
+        """
+        if self.built:
+            self.check_shapes(query_shape, key_shape)
+        else:
+            self.build(query_shape, key_shape)
+
     def check_shapes(self, query_shape, key_shape):
         """Raises a `ValueError` for query and key shapes this scorer rejects.
 
