@@ -159,6 +159,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.output_shape = _standardize_output_shape(output_shape)
         self.fused = bool(fused)
+        # Self-attention projections as one matmul (part of the fused path);
+        # benchmarks/mha_speed.py switches it off to measure what it brings.
+        self.fuse_projections = True
         self.seed = _validation.check_seed("seed", seed)
         self.score = scoring.get(score, dtype=self.dtype_policy)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -253,6 +256,29 @@ class MultiHeadAttention(keras.layers.Layer):
             and not (training and self.dropout > 0)
         )
 
+    def __call__(self, query, value, *args, **kwargs):
+        key = kwargs.get("key", args[0] if args else None)
+        if (
+            value is query
+            and (key is None or key is query)
+            and not ops.is_tensor(query)
+            and not isinstance(query, keras.KerasTensor)
+        ):
+            # Keras converts each argument on its own, so `layer(x, x)` with a
+            # numpy `x` would reach `call` as two tensors and miss the fused
+            # self-attention projection: convert it once, here. (A numpy
+            # array carries no Keras mask to keep.)
+            query = value = self.dtype_policy.convert_input(
+                query, self.autocast, self.input_dtype
+            )
+            if key is not None:
+                key = query
+                if "key" in kwargs:
+                    kwargs["key"] = key
+                else:
+                    args = (key,) + tuple(args[1:])
+        return super().__call__(query, value, *args, **kwargs)
+
     def call(
         self,
         query,
@@ -276,19 +302,22 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`cache_update_index` needs a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
             )
-        q = self.query_dense(query)  # (B, T, H, K)
+        reads_cache = cache is not None and cache_update_index is None
+        if self._fuses_projections(query, value, key) and not reads_cache:
+            q, k, v = self._project_self(query)
+        else:
+            q = self.query_dense(query)  # (B, T, H, K)
+            if not reads_cache:
+                k, v = self._project_key_value(query, value, key)
         if cache is not None:
             self._check_cache(cache, cache_update_index, query.shape[1])
-            if cache_update_index is None:
+            if reads_cache:
                 k, v = cache[:, 0], cache[:, 1]  # (B, L, G, K)
             else:
-                k, v = self._project_key_value(query, value, key)
                 update = ops.stack([k, v], axis=1)  # (B, 2, T, G, K)
                 start = [0, 0, cache_update_index, 0, 0]
                 cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
                 k, v = cache[:, 0], cache[:, 1]  # (B, L, G, K)
-        else:
-            k, v = self._project_key_value(query, value, key)  # (B, S, G, K)
 
         mask = masking.compute_attention_mask(
             query,
@@ -335,6 +364,46 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _fuses_projections(self, query, value, key):
+        """Whether Q, K and V come from one matmul: self-attention only."""
+        denses = (self.query_dense, self.key_dense, self.value_dense)
+        return (
+            self.fused
+            and self.fuse_projections
+            and query is value
+            and (key is None or key is value)
+            # Quantized or LoRA kernels are not plain weights to concatenate.
+            and all(
+                d.quantization_mode is None and not d.lora_enabled for d in denses
+            )
+        )
+
+    def _project_self(self, x):
+        """Self-attention's Q, K and V as one `(D, HK + GK + GV)` matmul.
+
+        One large matmul instead of three smaller ones reads `x` once and
+        fills the machine better; the kernels stay three weights (Keras's
+        layout) and are concatenated on the fly, which costs `O(D * N)` next to
+        the matmul's `O(B * T * D * N)`.
+        """
+        denses = (self.query_dense, self.key_dense, self.value_dense)
+        width = x.shape[-1]
+        kernel = ops.concatenate(
+            [ops.reshape(d.kernel, (width, -1)) for d in denses], axis=1
+        )  # (D, N)
+        qkv = ops.matmul(x, ops.cast(kernel, x.dtype))  # (B, T, N)
+        if self.use_bias:
+            bias = ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses])
+            qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # (B, T, N)
+        heads, kv_heads = self.num_heads, self._kv_heads
+        q_size, k_size = heads * self.key_dim, kv_heads * self.key_dim
+        q, k, v = ops.split(qkv, [q_size, q_size + k_size], axis=-1)
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        q = ops.reshape(q, (batch, length, heads, self.key_dim))  # (B, T, H, K)
+        k = ops.reshape(k, (batch, length, kv_heads, self.key_dim))  # (B, T, G, K)
+        v = ops.reshape(v, (batch, length, kv_heads, self._value_dim))  # (B, T, G, V)
+        return q, k, v
 
     def _project_key_value(self, query, value, key):
         key = value if key is None else key
@@ -570,8 +639,12 @@ class MultiHeadAttention(keras.layers.Layer):
         return new
 
 
-# Backends whose CPU kernel holds the whole (B, H, T, S) score matrix get
-# query chunks with at most this many bytes of scores each.
+# Backends whose CPU kernel holds the whole (B, H, T, S) score matrix process
+# long sequences in query chunks: when the full scores would take more than
+# `_CHUNK_ABOVE_SCORE_BYTES`, each chunk holds at most `_CHUNK_SCORE_BYTES`.
+# Below the threshold one kernel call is as fast or faster (fewer, larger
+# matmuls); above it, memory matters more (benchmarks/README.md).
+_CHUNK_ABOVE_SCORE_BYTES = 512 * 2**20
 _CHUNK_SCORE_BYTES = 16 * 2**20
 _CHUNKED_BACKENDS = ("tensorflow", "jax")
 
@@ -585,6 +658,8 @@ def _query_chunk_size(q, k):
     if query_length is None or key_length is None:
         return None
     per_query = (batch or 1) * heads * key_length * 4
+    if per_query * query_length <= _CHUNK_ABOVE_SCORE_BYTES:
+        return None
     chunk = max(1, _CHUNK_SCORE_BYTES // per_query)
     return chunk if chunk < query_length else None
 

@@ -811,6 +811,9 @@ def test_query_chunk_size(monkeypatch):
     assert mha_module._query_chunk_size(q, k) is None  # short: one block
     per_query = B * H * 5 * 4  # bytes of float32 scores of one query
     monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", 3 * per_query)
+    # Under the threshold the scores stay one block, whatever the chunk size.
+    assert mha_module._query_chunk_size(q, k) is None
+    monkeypatch.setattr(mha_module, "_CHUNK_ABOVE_SCORE_BYTES", 7 * per_query - 1)
     expected = 3 if BACKEND in ("tensorflow", "jax") else None
     assert mha_module._query_chunk_size(q, k) == expected
     monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", 7 * per_query)
@@ -854,6 +857,7 @@ def test_query_chunks_equal_one_block(monkeypatch, case, chunk):
         return sizes[-1]
 
     monkeypatch.setattr(mha_module, "_query_chunk_size", recording)
+    monkeypatch.setattr(mha_module, "_CHUNK_ABOVE_SCORE_BYTES", 0)
     monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", chunk * B * H * s * 4)
     chunked = _call(layer, query, value, key=key, **kwargs)
     chunked_grads = gradients(fn, [query, value, key])
@@ -1325,3 +1329,63 @@ def test_filled_cross_attention_cache_equals_uncached(num_key_value_heads):
         np.testing.assert_allclose(
             harness.to_numpy(weights), expected_weights, rtol=1e-5, atol=1e-6
         )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, dict(num_key_value_heads=2, use_bias=False), dict(value_dim=K + 2)],
+    ids=["mha", "gqa_no_bias", "value_dim"],
+)
+def test_self_attention_projections_fused_into_one_matmul(monkeypatch, kwargs):
+    x = _normal((B, T, DQ), seed=3)
+    fused = _built(_mha(**kwargs), x, x)
+    split = _twin(fused, x, x)
+    split.fuse_projections = False
+    taken = []
+    original = MultiHeadAttention._project_self
+
+    def recording(self, inputs):
+        taken.append(self.name)
+        return original(self, inputs)
+
+    monkeypatch.setattr(MultiHeadAttention, "_project_self", recording)
+    value_mask = np.ones((B, T), bool)
+    value_mask[0, -2:] = False
+    call = dict(value_mask=value_mask, use_causal_mask=True)
+    got = _call(fused, x, x, **call)
+    assert taken == [fused.name]
+    want = _call(split, x, x, **call)
+    assert taken == [fused.name]  # the split twin projects three times
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    mask = value_mask[:, None, :] & np.tril(np.ones((T, T), bool))
+    expected, _ = numpy_mha(fused, x, x, mask=mask)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # Cross-attention (value is not query) never takes the fused projection.
+    _call(fused, x, x.copy())
+    assert taken == [fused.name]
+
+    # Gradients reach the three kernels as they do through three matmuls.
+    def kernel_grads(layer):
+        if BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(layer(x, x, **call) ** 2)
+            return [g.numpy() for g in tape.gradient(loss, layer.trainable_weights)]
+        if BACKEND == "jax":
+            import jax
+
+            def loss(trainable):
+                out, _ = layer.stateless_call(trainable, [], x, x, **call)
+                return (out**2).sum()
+
+            values = [v.value for v in layer.trainable_variables]
+            return [np.asarray(g) for g in jax.grad(loss)(values)]
+        layer.zero_grad()
+        (layer(x, x, **call) ** 2).sum().backward()
+        return [v.value.grad.numpy() for v in layer.trainable_variables]
+
+    for got, want in zip(kernel_grads(fused), kernel_grads(split)):
+        assert np.any(got != 0)
+        # Sums of O(30) in another order: float32 rounding, not a bug.
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
