@@ -4,14 +4,19 @@ Modules:
     masking: boolean mask helpers (True = may attend).
     ops: `masked_softmax` and the functional core `attention`.
     scoring: scoring functions `s(q, k)`.
-    layers: attention layers.
+    layers: attention layers, positions, feed-forward networks and
+        Transformer blocks.
+    losses: the REINFORCE objective of hard attention.
+    visualization: capture attention weights and plot them.
 """
 
 from keras_attention import layers
+from keras_attention import losses
 from keras_attention import masking
 from keras_attention import ops
 from keras_attention import scoring
+from keras_attention import visualization
 
 __version__ = "0.1.0"
 
-__all__ = ["layers", "masking", "ops", "scoring", "__version__"]
+__all__ = ["layers", "losses", "masking", "ops", "scoring", "visualization", "__version__"]

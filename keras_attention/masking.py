@@ -216,6 +216,19 @@ def _check_dim(name, shape, axis, expected, what, broadcast=False):
     )
 
 
+def implicit_mask(x):
+    """The Keras mask attached to `x` (by `mask_zero=True` embeddings), or None.
+
+    Layers that take a padding mask under another name than `mask` read the
+    implicit one with this and combine the two with AND.
+    """
+    try:
+        from keras.src.backend import get_keras_mask
+    except ImportError:  # older Keras 3 releases keep it as an attribute
+        return getattr(x, "_keras_mask", None)
+    return get_keras_mask(x)
+
+
 def compute_attention_mask(
     query,
     value,

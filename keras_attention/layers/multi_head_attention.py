@@ -74,6 +74,11 @@ class MultiHeadAttention(keras.layers.Layer):
             (default), `"dot"`, `"additive"`, `"bilinear"`, a
             `keras_attention.scoring.Scorer` or a config. Scorer weights are
             shared by all heads.
+        rotary_embedding: optional `keras_attention.layers.RotaryEmbedding`
+            (or its config) applied to the query and key heads after the
+            projection (RoPE, Su et al. 2021), at positions
+            `cache_update_index + t` (from 0 without a cache). Meant for
+            self-attention.
         fused: bool, whether the fused kernel may be used. Defaults to True.
         seed: optional int, the seed of the dropout.
         kernel_initializer, bias_initializer, kernel_regularizer,
@@ -129,6 +134,7 @@ class MultiHeadAttention(keras.layers.Layer):
         output_shape=None,
         num_key_value_heads=None,
         score="scaled_dot",
+        rotary_embedding=None,
         fused=True,
         seed=None,
         kernel_initializer="glorot_uniform",
@@ -164,6 +170,21 @@ class MultiHeadAttention(keras.layers.Layer):
         self.fuse_projections = True
         self.seed = _validation.check_seed("seed", seed)
         self.score = scoring.get(score, dtype=self.dtype_policy)
+        if isinstance(rotary_embedding, dict):
+            rotary_embedding = keras.saving.deserialize_keras_object(
+                rotary_embedding
+            )
+        if rotary_embedding is not None and not isinstance(
+            rotary_embedding, keras.layers.Layer
+        ):
+            raise ValueError(
+                "`rotary_embedding` must be None, a RotaryEmbedding layer or "
+                f"its config. Received: rotary_embedding={rotary_embedding!r}"
+            )
+        self.rotary_embedding = rotary_embedding
+        # Set by `keras_attention.visualization.capture_attention`: a list
+        # that each call appends its attention weights to.
+        self._attention_recorder = None
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -239,6 +260,8 @@ class MultiHeadAttention(keras.layers.Layer):
         head_query = (None, heads, None, self.key_dim)
         head_key = (None, heads, None, self.key_dim)
         self.score.build_or_check(head_query, head_key)
+        if self.rotary_embedding is not None and not self.rotary_embedding.built:
+            self.rotary_embedding.build((None, None, heads, self.key_dim))
         self.built = True
 
     def uses_fused_path(self, training=False, return_attention_scores=False):
@@ -309,8 +332,26 @@ class MultiHeadAttention(keras.layers.Layer):
             q = self.query_dense(query)  # (B, T, H, K)
             if not reads_cache:
                 k, v = self._project_key_value(query, value, key)
+        if self.rotary_embedding is not None:
+            start = 0 if cache_update_index is None else cache_update_index
+            q = self.rotary_embedding(q, start_index=start)  # (B, T, H, K)
+            if not reads_cache:
+                k = self.rotary_embedding(k, start_index=start)  # (B, S, G, K)
         if cache is not None:
             self._check_cache(cache, cache_update_index, query.shape[1])
+            new_length, query_length = value.shape[1], query.shape[1]
+            if (
+                not reads_cache
+                and None not in (new_length, query_length)
+                and new_length != query_length
+            ):
+                raise ValueError(
+                    "A cache update writes the keys and values of the queries' "
+                    "own positions, so `value` must have the query's length; "
+                    "fill a cross-attention cache with `compute_cache`. "
+                    f"Received: query length={query_length}, value length="
+                    f"{new_length}, cache_update_index={cache_update_index!r}"
+                )
             if reads_cache:
                 k, v = cache[:, 0], cache[:, 1]  # (B, L, G, K)
             else:
@@ -356,6 +397,8 @@ class MultiHeadAttention(keras.layers.Layer):
             scores = None
         else:
             output, scores = self._explicit_attention(q, k, v, mask, training)
+        if self._attention_recorder is not None:
+            self._record(q, k, v, mask, scores, causal_flag)
         output = self.output_dense(output)  # (B, T, O)
 
         outputs = (output,)
@@ -404,6 +447,38 @@ class MultiHeadAttention(keras.layers.Layer):
         k = ops.reshape(k, (batch, length, kv_heads, self.key_dim))  # (B, T, G, K)
         v = ops.reshape(v, (batch, length, kv_heads, self._value_dim))  # (B, T, G, V)
         return q, k, v
+
+    def _record(self, q, k, v, mask, scores, causal_flag):
+        """Hands the weights to `capture_attention`, recomputed if fused."""
+        if scores is None:
+            if causal_flag:
+                causal = masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+                mask = _to_rank4(causal)  # (1, 1, T, S)
+            _, scores = self._explicit_attention(q, k, v, mask, training=False)
+        self._attention_recorder.append((self, scores))
+
+    def compute_cache(self, value, key=None):
+        """Projects a whole key/value sequence into the cache layout.
+
+        Fills a cross-attention cache once (from the encoder output), to be
+        read by later calls with `cache_update_index=None`.
+
+        Args:
+            value: `(B, S, Dv)`.
+            key: optional `(B, S, Dk)`; defaults to `value`.
+
+        Returns:
+            The cache `(B, 2, S, G, K)`: keys, then values.
+        """
+        if self._value_dim != self.key_dim:
+            raise ValueError(
+                "A KV cache needs `value_dim == key_dim`. Received: "
+                f"key_dim={self.key_dim}, value_dim={self._value_dim}"
+            )
+        k, v = self._project_key_value(None, value, key)  # (B, S, G, K)
+        if self.rotary_embedding is not None:
+            k = self.rotary_embedding(k, start_index=0)
+        return ops.stack([k, v], axis=1)  # (B, 2, S, G, K)
 
     def _project_key_value(self, query, value, key):
         key = value if key is None else key
@@ -528,6 +603,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 "output_shape": self.output_shape,
                 "num_key_value_heads": self.num_key_value_heads,
                 "score": scoring.serialize(self.score),
+                "rotary_embedding": None
+                if self.rotary_embedding is None
+                else keras.saving.serialize_keras_object(self.rotary_embedding),
                 "fused": self.fused,
                 "seed": self.seed,
                 "kernel_initializer": keras.initializers.serialize(

@@ -1,0 +1,242 @@
+"""What the encoder and decoder blocks share: arguments, sublayers, config.
+
+Shape legend: `B` batch, `T` (decoder) length, `S` encoder length, `D` model
+width (`hidden_dim`), `H` heads, `K` head size.
+"""
+
+import keras
+
+from keras_attention import _validation
+from keras_attention import masking
+from keras_attention import scoring
+from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+
+NORMALIZATIONS = ("layer_norm", "rms_norm")
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`.
+
+    Holds the arguments both share, validates them, builds the attention,
+    normalization, dropout and feed-forward sublayers they are made of, and
+    serializes the arguments. Not public: use one of the two blocks.
+    """
+
+    def __init__(
+        self,
+        intermediate_dim,
+        num_heads,
+        dropout=0.0,
+        activation="relu",
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        normalize_first=False,
+        key_dim=None,
+        num_key_value_heads=None,
+        score="scaled_dot",
+        attention_dropout=None,
+        feedforward_dropout=0.0,
+        gated_feedforward=False,
+        normalization="layer_norm",
+        use_rotary_embedding=False,
+        rotary_max_wavelength=10000,
+        use_bias=True,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.intermediate_dim = _validation.check_positive_int(
+            "intermediate_dim", intermediate_dim
+        )
+        self.num_heads = _validation.check_positive_int("num_heads", num_heads)
+        self.dropout = _validation.check_rate("dropout", dropout)
+        self.activation = keras.activations.get(activation)
+        if (
+            isinstance(layer_norm_epsilon, bool)
+            or not isinstance(layer_norm_epsilon, (int, float))
+            or layer_norm_epsilon <= 0
+        ):
+            raise ValueError(
+                "`layer_norm_epsilon` must be a positive float. Received: "
+                f"layer_norm_epsilon={layer_norm_epsilon!r}"
+            )
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.normalize_first = bool(normalize_first)
+        self.key_dim = _validation.check_positive_int(
+            "key_dim", key_dim, allow_none=True
+        )
+        self.num_key_value_heads = _validation.check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        if self.num_key_value_heads and num_heads % self.num_key_value_heads:
+            raise ValueError(
+                "`num_heads` must be divisible by `num_key_value_heads`. "
+                f"Received: num_heads={num_heads}, "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
+        # Kept as a name or a config: each attention sublayer builds its own
+        # scorer from it, so no two share weights. Unknown names fail here.
+        scorer = scoring.get(score)
+        self.score = score if isinstance(score, str) else scoring.serialize(scorer)
+        self.attention_dropout = _validation.check_rate(
+            "attention_dropout",
+            self.dropout if attention_dropout is None else attention_dropout,
+        )
+        self._attention_dropout_given = attention_dropout is not None
+        self.feedforward_dropout = _validation.check_rate(
+            "feedforward_dropout", feedforward_dropout
+        )
+        self.gated_feedforward = bool(gated_feedforward)
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"`normalization` must be one of {NORMALIZATIONS}. Received: "
+                f"normalization={normalization!r}"
+            )
+        self.normalization = normalization
+        self.use_rotary_embedding = bool(use_rotary_embedding)
+        self.rotary_max_wavelength = _validation.check_positive_int(
+            "rotary_max_wavelength", rotary_max_wavelength
+        )
+        self.use_bias = bool(use_bias)
+        self.seed = _validation.check_seed("seed", seed)
+        self.supports_masking = True
+
+    # Sublayer factories, used by the subclasses' `build`.
+
+    def _head_size(self, hidden_dim):
+        if self.key_dim is not None:
+            return self.key_dim
+        if hidden_dim is None or hidden_dim % self.num_heads:
+            raise ValueError(
+                "`hidden_dim` (the last dimension of the inputs) must be "
+                "divisible by `num_heads` when `key_dim` is not given. "
+                f"Received: hidden_dim={hidden_dim}, num_heads={self.num_heads}"
+            )
+        return hidden_dim // self.num_heads
+
+    def _initializers(self):
+        # Fresh instances, so that no two kernels start equal.
+        return {
+            "kernel_initializer": self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            "bias_initializer": self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+        }
+
+    def _seed(self, offset):
+        return None if self.seed is None else self.seed + offset
+
+    def _attention(self, hidden_dim, name, rotary, seed_offset):
+        return MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=self._head_size(hidden_dim),
+            dropout=self.attention_dropout,
+            use_bias=self.use_bias,
+            num_key_value_heads=self.num_key_value_heads,
+            score=self.score,
+            rotary_embedding=RotaryEmbedding(
+                max_wavelength=self.rotary_max_wavelength,
+                dtype=self.dtype_policy,
+                name=f"{name}_rotary_embedding",
+            )
+            if rotary
+            else None,
+            seed=self._seed(seed_offset),
+            dtype=self.dtype_policy,
+            name=name,
+            **self._initializers(),
+        )
+
+    def _norm(self, name):
+        if self.normalization == "rms_norm":
+            return keras.layers.RMSNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+            )
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _dropout(self, name, seed_offset):
+        return keras.layers.Dropout(
+            self.dropout, seed=self._seed(seed_offset), dtype=self.dtype_policy, name=name
+        )
+
+    def _feedforward(self, seed_offset):
+        return FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            dropout=self.feedforward_dropout,
+            gated=self.gated_feedforward,
+            use_bias=self.use_bias,
+            seed=self._seed(seed_offset),
+            dtype=self.dtype_policy,
+            name="feedforward",
+            **self._initializers(),
+        )
+
+    def _sublayer(self, x, norm, dropout, fn, training):
+        """One residual sub-layer: post-norm `norm(x + f(x))` or pre-norm
+        `x + f(norm(x))`, with dropout on `f`'s output. Returns the new `x`
+        and whatever else `fn` returned."""
+        residual = x
+        if self.normalize_first:
+            x = norm(x)
+        x, *extra = fn(x)
+        x = residual + dropout(x, training=training)
+        if not self.normalize_first:
+            x = norm(x)
+        return x, extra
+
+    def _check_inputs(self, name, shape):
+        _validation.check_rank(name, shape, 3)
+
+    def block_arguments(self):
+        """The constructor arguments of a block, serialized (no base-layer ones)."""
+        return {
+            "intermediate_dim": self.intermediate_dim,
+            "num_heads": self.num_heads,
+            "dropout": self.dropout,
+            "activation": keras.activations.serialize(self.activation),
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "normalize_first": self.normalize_first,
+            "key_dim": self.key_dim,
+            "num_key_value_heads": self.num_key_value_heads,
+            "score": self.score,
+            "attention_dropout": self.attention_dropout
+            if self._attention_dropout_given
+            else None,
+            "feedforward_dropout": self.feedforward_dropout,
+            "gated_feedforward": self.gated_feedforward,
+            "normalization": self.normalization,
+            "use_rotary_embedding": self.use_rotary_embedding,
+            "rotary_max_wavelength": self.rotary_max_wavelength,
+            "use_bias": self.use_bias,
+            "seed": self.seed,
+        }
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self.block_arguments())
+        return config
+
+
+def combined_padding_mask(sequence, padding_mask, name="padding_mask"):
+    """The explicit padding mask AND the Keras mask of `sequence`."""
+    return masking.merge_masks(
+        masking.standardize_mask(padding_mask, name, ranks=(2,)),
+        masking.implicit_mask(sequence),
+    )
+
+
+def as_tuple(outputs):
+    """A layer's outputs as a tuple (one tensor becomes a 1-tuple)."""
+    return outputs if isinstance(outputs, tuple) else (outputs,)

@@ -1,0 +1,230 @@
+"""Position-wise feed-forward network, plain or gated (GLU family).
+
+Shape legend: `B` batch, `T` sequence length, `D` input width, `F`
+intermediate width (`intermediate_dim`), `O` output width.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+def gelu_approximate(x):
+    """GELU with the tanh approximation, as in GPT-2 and BERT's original code.
+
+    `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`. Registered under the
+    name `"gelu_approximate"`, so `FeedForward(activation="gelu_approximate")`
+    serializes and loads in safe mode.
+    """
+    return ops.gelu(x, approximate=True)
+
+
+# Names this module resolves itself, before `keras.activations.get`.
+_ACTIVATIONS = {"gelu_approximate": gelu_approximate}
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class FeedForward(keras.layers.Layer):
+    """The position-wise feed-forward network of a Transformer block.
+
+    Plain (`gated=False`), equation 2 of "Attention Is All You Need" with a
+    chosen activation:
+
+        FFN(x) = act(x W_1 + b_1) W_2 + b_2
+
+    Gated (`gated=True`), the GLU family of Shazeer (2020): the activated
+    branch gates a linear one elementwise,
+
+        FFN(x) = (act(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2
+
+    with `activation="sigmoid"` GLU, `"gelu"` GEGLU, `"silu"` SwiGLU (LLaMA)
+    and `"relu"` ReGLU. As in LLaMA and KerasHub, `gate_dense` (`W_gate`) is
+    the activated branch and `intermediate_dense` (`W_1`) the linear one; in
+    the plain network `intermediate_dense` carries the activation. The paper's
+    GLU variants have no biases: pass `use_bias=False` for them.
+
+    Dropout acts on the hidden layer `(B, T, F)`, after the activation (after
+    the gating product when gated), in training only. The network acts on each
+    position alone, so a Keras mask on the inputs passes through unchanged.
+
+    Sublayers (named as their attributes): `intermediate_dense` (`D -> F`),
+    `gate_dense` (`D -> F`, only when gated), `output_dense` (`F -> O`) and
+    `dropout_layer`.
+
+    Args:
+        intermediate_dim: positive int, the hidden width `F`.
+        activation: activation name or callable. Defaults to `"relu"` (the
+            paper). `"gelu"` is the exact GELU; `"gelu_approximate"` is its
+            tanh approximation (GPT-2).
+        dropout: float in [0, 1), dropout rate on the hidden layer.
+        gated: bool, whether to use the gated (GLU) form.
+        output_dim: optional positive int, the output width `O`. Defaults to
+            the input width `D`.
+        use_bias: bool, whether the dense layers have biases.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: as in `keras.layers.Dense`, for every dense layer.
+        seed: optional int, the seed of the dropout.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, D)` (any rank >= 2: the last axis is transformed).
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, O)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x = np.random.rand(2, 5, 16).astype("float32")
+    >>> tuple(FeedForward(64)(x).shape)
+    (2, 5, 16)
+    >>> swiglu = FeedForward(64, activation="silu", gated=True, use_bias=False)
+    >>> tuple(swiglu(x).shape)
+    (2, 5, 16)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.3.
+        - [Shazeer, 2020](https://arxiv.org/abs/2002.05202)
+        - [Hendrycks and Gimpel, 2016 (GELU)](https://arxiv.org/abs/1606.08415)
+    """
+
+    def __init__(
+        self,
+        intermediate_dim,
+        activation="relu",
+        dropout=0.0,
+        gated=False,
+        output_dim=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.intermediate_dim = _validation.check_positive_int(
+            "intermediate_dim", intermediate_dim
+        )
+        self.activation = _get_activation(activation)
+        self.dropout = _validation.check_rate("dropout", dropout)
+        self.gated = bool(gated)
+        self.output_dim = _validation.check_positive_int(
+            "output_dim", output_dim, allow_none=True
+        )
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.seed = _validation.check_seed("seed", seed)
+        self.supports_masking = True
+
+    def _dense(self, units, name):
+        dense = keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            # Fresh initializer instances, so that no two kernels start equal.
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        return dense
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) < 2 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have rank >= 2 and a known last dimension. "
+                f"Received: inputs with shape {tuple(inputs_shape)}"
+            )
+        hidden_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
+        output_dim = self.output_dim or inputs_shape[-1]
+        self.intermediate_dense = self._dense(
+            self.intermediate_dim, "intermediate_dense"
+        )
+        self.intermediate_dense.build(inputs_shape)
+        if self.gated:
+            self.gate_dense = self._dense(self.intermediate_dim, "gate_dense")
+            self.gate_dense.build(inputs_shape)
+        self.output_dense = self._dense(output_dim, "output_dense")
+        self.output_dense.build(hidden_shape)
+        self.dropout_layer = keras.layers.Dropout(
+            self.dropout,
+            seed=self.seed,
+            dtype=self.dtype_policy,
+            name="dropout_layer",
+        )
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.intermediate_dense(inputs)  # (B, T, F)
+        if self.gated:
+            gate = self.activation(self.gate_dense(inputs))  # (B, T, F)
+            hidden = gate * hidden  # (B, T, F)
+        else:
+            hidden = self.activation(hidden)  # (B, T, F)
+        hidden = self.dropout_layer(hidden, training=training)
+        return self.output_dense(hidden)  # (B, T, O)
+
+    def compute_output_shape(self, inputs_shape):
+        output_dim = self.output_dim or inputs_shape[-1]
+        return tuple(inputs_shape[:-1]) + (output_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "intermediate_dim": self.intermediate_dim,
+                "activation": _serialize_activation(self.activation),
+                "dropout": self.dropout,
+                "gated": self.gated,
+                "output_dim": self.output_dim,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+def _serialize_activation(activation):
+    for name, function in _ACTIVATIONS.items():
+        if activation is function:
+            return name  # Reads better in a config than a registered function.
+    return keras.activations.serialize(activation)
+
+
+def _get_activation(activation):
+    """The activation function for a name, config or callable."""
+    if isinstance(activation, str) and activation in _ACTIVATIONS:
+        return _ACTIVATIONS[activation]
+    try:
+        return keras.activations.get(activation)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            "`activation` must be an activation name (e.g. 'relu', 'gelu', "
+            "'gelu_approximate', 'silu'), a serialized activation or a "
+            f"callable. Received: activation={activation!r}"
+        ) from error

@@ -1,0 +1,148 @@
+"""Learned position embedding: one trained vector per position.
+
+Shape legend: `B` batch, `T` sequence length, `L` table length
+(`sequence_length`), `D` model width.
+"""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention.layers.sinusoidal_position_encoding import (
+    check_start_index_and_positions,
+)
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class PositionEmbedding(keras.layers.Layer):
+    """A learned position table `(sequence_length, D)`, as in GPT and BERT.
+
+    The layer holds a trainable table `embeddings` of shape
+    `(sequence_length, D)` (`D` is the inputs' last dimension, known at build
+    time) and returns its rows `start_index .. start_index + T - 1` (or the
+    rows at `positions`) broadcast to the inputs' shape, in the layer's compute
+    dtype; the caller adds them to the embeddings. Rows that are not read get
+    no gradient.
+
+    A sequence longer than the table is a `ValueError` when it can be told
+    statically (a static length `T > sequence_length`, or a Python
+    `start_index` with `start_index + T > sequence_length`). A dynamic length
+    beyond the table cannot be checked on every backend: TensorFlow raises at
+    run time, JAX clamps the slice (`jax.lax.dynamic_slice`).
+
+    A Keras mask on the inputs passes through to the output.
+
+    Args:
+        sequence_length: positive int, the number of positions `L` in the
+            table (the longest sequence the layer accepts).
+        initializer: initializer of the table. Defaults to
+            `"glorot_uniform"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, D)`, only its shape is read.
+        start_index: int or scalar int tensor, the position of the first
+            element (for cached decoding, also inside `ops.while_loop`).
+            Defaults to 0.
+        positions: optional integer tensor `(T,)` or `(B, T)`, the position of
+            each element. Overrides `start_index`.
+
+    Returns:
+        The position embedding, `(B, T, D)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> embeddings = np.random.rand(2, 5, 8).astype("float32")
+    >>> layer = PositionEmbedding(sequence_length=16)
+    >>> tuple(layer(embeddings).shape)
+    (2, 5, 8)
+    >>> tuple(layer.embeddings.shape)
+    (16, 8)
+
+    References:
+        - [Radford et al., 2018 (GPT)](https://cdn.openai.com/research-covers/language-unsupervised/language_understanding_paper.pdf)
+        - [Devlin et al., 2019 (BERT)](https://arxiv.org/abs/1810.04805)
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5
+          (learned and sinusoidal positions compared).
+    """
+
+    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.sequence_length = _validation.check_positive_int(
+            "sequence_length", sequence_length
+        )
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        self._check_inputs(inputs_shape, 0, None)
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.sequence_length, inputs_shape[-1]),  # (L, D)
+            initializer=self.initializer,
+            trainable=True,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0, positions=None):
+        self._check_inputs(inputs.shape, start_index, positions)
+        table = ops.cast(self.embeddings, self.compute_dtype)  # (L, D)
+        if positions is not None:
+            positions = ops.cast(positions, "int32")
+            rows = ops.take(table, positions, axis=0)  # (T, D) or (B, T, D)
+        else:
+            if isinstance(start_index, numbers.Integral):
+                start_index = int(start_index)
+            else:
+                # One index dtype for tf.slice's packed start vector.
+                start_index = ops.cast(start_index, "int32")
+            length = ops.shape(inputs)[1]
+            rows = ops.slice(
+                table, (start_index, 0), (length, table.shape[-1])
+            )  # (T, D)
+        return ops.broadcast_to(rows, ops.shape(inputs))  # (B, T, D)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, start_index=0, positions=None):
+        self._check_inputs(inputs.shape, start_index, positions)
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "sequence_length": self.sequence_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config
+
+    def _check_inputs(self, inputs_shape, start_index, positions):
+        _validation.check_rank("inputs", inputs_shape, 3)
+        if inputs_shape[-1] is None:
+            raise ValueError(
+                "The last dimension of `inputs` must be known. Received: "
+                f"inputs with shape {tuple(inputs_shape)}"
+            )
+        check_start_index_and_positions(inputs_shape, start_index, positions)
+        check_length(inputs_shape[1], start_index, self.sequence_length)
+
+
+def check_length(length, start_index, sequence_length):
+    """Raises if a static `start_index + length` exceeds `sequence_length`."""
+    if length is None:
+        return
+    start = int(start_index) if isinstance(start_index, numbers.Integral) else 0
+    if start + length > sequence_length:
+        where = f"start_index={start_index} + " if start else ""
+        raise ValueError(
+            f"The sequence is longer than the position table: {where}"
+            f"length={length} > sequence_length={sequence_length}. Pass "
+            "shorter sequences or build the layer with a larger "
+            "`sequence_length`."
+        )

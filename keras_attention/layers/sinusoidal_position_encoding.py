@@ -1,0 +1,168 @@
+"""Sinusoidal position encoding, the fixed table of "Attention Is All You Need".
+
+Shape legend: `B` batch, `T` sequence length, `D` model width.
+"""
+
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import _validation
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """The fixed sinusoidal position table of Vaswani et al. (section 3.5).
+
+    For position `pos` and feature pair `i` of a width-`D` model:
+
+        PE[pos, 2i]     = sin(pos / max_wavelength ** (2i / D))
+        PE[pos, 2i + 1] = cos(pos / max_wavelength ** (2i / D))
+
+    Sines and cosines are interleaved, as in the paper (KerasHub's layer puts
+    them in two halves instead). The wavelengths form a geometric progression
+    from `2 pi` to `max_wavelength * 2 pi`, so `PE[pos + k]` is a linear
+    function of `PE[pos]` for any fixed offset `k`. An odd `D` is allowed:
+    the last column is then a sine.
+
+    The layer returns the table for positions `start_index .. start_index +
+    T - 1` (or the given `positions`) broadcast to the inputs' shape, in the
+    layer's compute dtype; the caller adds it to the embeddings. The table is
+    computed in float32 and has no weights. A Keras mask on the inputs passes
+    through to the output.
+
+    Args:
+        max_wavelength: positive number, the longest wavelength over `2 pi`
+            (the paper's 10000). Defaults to 10000.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, D)`, only its shape is read.
+        start_index: int or scalar int tensor, the position of the first
+            element (for cached decoding, also inside `ops.while_loop`).
+            Defaults to 0.
+        positions: optional integer tensor `(T,)` or `(B, T)`, the position of
+            each element. Overrides `start_index`.
+
+    Returns:
+        The position encoding, `(B, T, D)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> embeddings = np.random.rand(2, 5, 8).astype("float32")
+    >>> encoding = SinusoidalPositionEncoding()(embeddings)
+    >>> tuple(encoding.shape)
+    (2, 5, 8)
+    >>> float(encoding[0, 0, 1])  # cos(0)
+    1.0
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5.
+    """
+
+    def __init__(self, max_wavelength=10000, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
+        self.supports_masking = True
+        self.built = True
+
+    def call(self, inputs, start_index=0, positions=None):
+        _check_inputs(inputs.shape, start_index, positions)
+        positions = standardize_positions(inputs, start_index, positions)
+        table = sinusoidal_table(
+            positions, inputs.shape[-1], self.max_wavelength
+        )  # (T, D) or (B, T, D)
+        table = ops.cast(table, self.compute_dtype)
+        return ops.broadcast_to(table, ops.shape(inputs))  # (B, T, D)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, start_index=0, positions=None):
+        _check_inputs(inputs.shape, start_index, positions)
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"max_wavelength": self.max_wavelength})
+        return config
+
+
+def sinusoidal_table(positions, dim, max_wavelength):
+    """The table `PE` of the paper at float32 `positions` `(..., T)`.
+
+    Returns `(..., T, dim)` float32, sines in the even columns and cosines in
+    the odd ones.
+    """
+    columns = np.arange(dim)
+    # Columns 2i and 2i + 1 share the frequency max_wavelength ** (-2i / D);
+    # the exponent is computed in float64 so that only the product rounds.
+    inverse_frequency = np.power(
+        float(max_wavelength), -(2 * (columns // 2)) / dim
+    ).astype("float32")  # (D,)
+    angles = ops.expand_dims(positions, -1) * inverse_frequency  # (..., T, D)
+    is_sine = ops.convert_to_tensor(columns % 2 == 0)  # (D,)
+    return ops.where(is_sine, ops.sin(angles), ops.cos(angles))  # (..., T, D)
+
+
+def standardize_positions(inputs, start_index, positions):
+    """Float32 positions `(T,)` or `(B, T)` for inputs `(B, T, ...)`."""
+    if positions is not None:
+        return ops.cast(positions, "float32")
+    length = ops.shape(inputs)[1]
+    positions = ops.arange(length, dtype="float32")  # (T,)
+    return positions + ops.cast(start_index, "float32")
+
+
+def check_start_index_and_positions(inputs_shape, start_index, positions):
+    """Checks a Python `start_index` and the rank and length of `positions`."""
+    if isinstance(start_index, numbers.Number) and not isinstance(
+        start_index, bool
+    ):
+        if not isinstance(start_index, numbers.Integral) or start_index < 0:
+            raise ValueError(
+                "`start_index` must be a non-negative integer. Received: "
+                f"start_index={start_index!r}"
+            )
+    if positions is None:
+        return
+    shape = tuple(positions.shape)
+    if len(shape) not in (1, 2):
+        raise ValueError(
+            "`positions` must have shape (length,) or (batch, length). "
+            f"Received: positions with shape {shape}"
+        )
+    _validation.check_same_dim(
+        "positions", shape[-1], "inputs", inputs_shape[1], "length"
+    )
+    if len(shape) == 2:
+        _validation.check_same_dim(
+            "positions", shape[0], "inputs", inputs_shape[0], "batch size"
+        )
+
+
+def check_positive_number(name, value):
+    """Returns `value` if it is a positive real number, else raises."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not np.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+    return value
+
+
+def _check_inputs(inputs_shape, start_index, positions):
+    _validation.check_rank("inputs", inputs_shape, 3)
+    if inputs_shape[-1] is None:
+        raise ValueError(
+            "The last dimension of `inputs` must be known. Received: inputs "
+            f"with shape {tuple(inputs_shape)}"
+        )
+    check_start_index_and_positions(inputs_shape, start_index, positions)

@@ -1,0 +1,238 @@
+"""A stack of Transformer decoder blocks.
+
+Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
+length, `D` model width, `H` heads, `G` key/value heads, `K` head size, `N`
+blocks.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention.layers._transformer_block import TransformerBlock
+from keras_attention.layers._transformer_block import as_tuple
+from keras_attention.layers._transformer_block import combined_padding_mask
+from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoder(TransformerBlock):
+    """`num_layers` `TransformerDecoderBlock`s, then an optional final norm.
+
+    Each block has its own weights; masks reach every block, and every block
+    attends to the same encoder output. Without an encoder sequence (when
+    built) it is a decoder-only (GPT) stack. A pre-norm stack ends with one
+    more norm (`final_layer_norm=None` adds it exactly when
+    `normalize_first=True`).
+
+    Caches hold every block's cache on an axis after the batch:
+    `self_attention_cache` `(B, N, 2, L, G, K)` and `cross_attention_cache`
+    `(B, N, 2, S, G, K)`; block `i` reads and writes `cache[:, i]` with the
+    semantics of `TransformerDecoderBlock`.
+
+    Args:
+        num_layers: positive int, the number of blocks `N`.
+        intermediate_dim, num_heads, ...: the arguments of
+            `TransformerDecoderBlock`, given to every block. Block `i` gets
+            the seed `seed + 10 * i` when `seed` is set.
+        final_layer_norm: optional bool, a norm after the last block. `None`
+            (default) means `normalize_first`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        The call arguments of `TransformerDecoderBlock`, with the stacked
+        caches above.
+
+    Returns:
+        `output` `(B, T, D)`; with `return_attention_scores`, then a list of
+        `N` self-attention weights `(B, H, T, T|L)` and, with
+        cross-attention, a list of `N` cross-attention weights
+        `(B, H, T, S)`; then the updated stacked caches, when given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> decoder = TransformerDecoder(
+    ...     num_layers=2, intermediate_dim=64, num_heads=4, normalize_first=True
+    ... )
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> tuple(decoder(x).shape)
+    (2, 5, 32)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    def __init__(
+        self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
+    ):
+        super().__init__(intermediate_dim, num_heads, **kwargs)
+        self.num_layers = _validation.check_positive_int("num_layers", num_layers)
+        if final_layer_norm is not None and not isinstance(final_layer_norm, bool):
+            raise ValueError(
+                "`final_layer_norm` must be None, True or False. Received: "
+                f"final_layer_norm={final_layer_norm!r}"
+            )
+        self.final_layer_norm = final_layer_norm
+
+    @property
+    def _has_final_norm(self):
+        if self.final_layer_norm is None:
+            return self.normalize_first
+        return self.final_layer_norm
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        self._check_inputs("decoder_sequence", decoder_sequence_shape)
+        arguments = self.block_arguments()
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = TransformerDecoderBlock(
+                **{**arguments, "seed": self._seed(10 * i)},
+                dtype=self.dtype_policy,
+                name=f"block_{i}",
+            )
+            block.build(decoder_sequence_shape, encoder_sequence_shape)
+            self.blocks.append(block)
+        self.output_layer_norm = None
+        if self._has_final_norm:
+            self.output_layer_norm = self._norm("output_layer_norm")
+            self.output_layer_norm.build(decoder_sequence_shape)
+        self.built = True
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        encoder_attention_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        cross_attention_cache_update_index=None,
+        use_causal_mask=True,
+        training=None,
+        return_attention_scores=False,
+    ):
+        self._check_inputs("decoder_sequence", decoder_sequence.shape)
+        for name, cache in (
+            ("self_attention_cache", self_attention_cache),
+            ("cross_attention_cache", cross_attention_cache),
+        ):
+            if cache is not None and (
+                len(cache.shape) != 6 or cache.shape[1] != self.num_layers
+            ):
+                raise ValueError(
+                    f"`{name}` must have shape (batch, num_layers="
+                    f"{self.num_layers}, 2, length, key_value_heads, key_dim). "
+                    f"Received: {name} with shape {tuple(cache.shape)}"
+                )
+        decoder_padding_mask = combined_padding_mask(
+            decoder_sequence, decoder_padding_mask, "decoder_padding_mask"
+        )
+        if encoder_sequence is not None:
+            encoder_padding_mask = combined_padding_mask(
+                encoder_sequence, encoder_padding_mask, "encoder_padding_mask"
+            )
+        has_cross = encoder_sequence is not None or cross_attention_cache is not None
+        x = decoder_sequence
+        self_weights, cross_weights = [], []
+        self_caches, cross_caches = [], []
+        for i, block in enumerate(self.blocks):
+            outputs = as_tuple(
+                block(
+                    x,
+                    encoder_sequence,
+                    decoder_padding_mask=decoder_padding_mask,
+                    decoder_attention_mask=decoder_attention_mask,
+                    encoder_padding_mask=encoder_padding_mask,
+                    encoder_attention_mask=encoder_attention_mask,
+                    self_attention_cache=None
+                    if self_attention_cache is None
+                    else self_attention_cache[:, i],
+                    self_attention_cache_update_index=self_attention_cache_update_index,
+                    cross_attention_cache=None
+                    if cross_attention_cache is None
+                    else cross_attention_cache[:, i],
+                    cross_attention_cache_update_index=cross_attention_cache_update_index,
+                    use_causal_mask=use_causal_mask,
+                    training=training,
+                    return_attention_scores=return_attention_scores,
+                )
+            )
+            x, rest = outputs[0], list(outputs[1:])
+            if return_attention_scores:
+                self_weights.append(rest.pop(0))
+                if has_cross:
+                    cross_weights.append(rest.pop(0))
+            if self_attention_cache is not None:
+                self_caches.append(rest.pop(0))
+            if cross_attention_cache is not None:
+                cross_caches.append(rest.pop(0))
+        if self.output_layer_norm is not None:
+            x = self.output_layer_norm(x)
+
+        outputs = (x,)
+        if return_attention_scores:
+            outputs += (self_weights,)
+            if has_cross:
+                outputs += (cross_weights,)
+        if self_attention_cache is not None:
+            outputs += (ops.stack(self_caches, axis=1),)  # (B, N, 2, L, G, K)
+        if cross_attention_cache is not None:
+            outputs += (ops.stack(cross_caches, axis=1),)  # (B, N, 2, S, G, K)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        return tuple(decoder_sequence_shape)
+
+    def compute_output_spec(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        self_attention_cache=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        **kwargs,
+    ):
+        batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
+        dtype = self.compute_dtype
+        outputs = (keras.KerasTensor(decoder_sequence.shape, dtype=dtype),)
+        if return_attention_scores:
+            self_length = (
+                length if self_attention_cache is None else self_attention_cache.shape[3]
+            )
+            outputs += (
+                [
+                    keras.KerasTensor(
+                        (batch, self.num_heads, length, self_length), dtype=dtype
+                    )
+                    for _ in range(self.num_layers)
+                ],
+            )
+            if encoder_sequence is not None or cross_attention_cache is not None:
+                cross_length = (
+                    encoder_sequence.shape[1]
+                    if cross_attention_cache is None
+                    else cross_attention_cache.shape[3]
+                )
+                outputs += (
+                    [
+                        keras.KerasTensor(
+                            (batch, self.num_heads, length, cross_length), dtype=dtype
+                        )
+                        for _ in range(self.num_layers)
+                    ],
+                )
+        for cache in (self_attention_cache, cross_attention_cache):
+            if cache is not None:
+                outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
+        )
+        return config

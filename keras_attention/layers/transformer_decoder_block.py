@@ -1,0 +1,353 @@
+"""The Transformer decoder block: masked self-attention, cross-attention, FFN.
+
+Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
+length, `D` model width (`hidden_dim`), `H` heads, `G` key/value heads, `K`
+head size.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention import masking
+from keras_attention.layers._transformer_block import TransformerBlock
+from keras_attention.layers._transformer_block import as_tuple
+from keras_attention.layers._transformer_block import combined_padding_mask
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoderBlock(TransformerBlock):
+    """One decoder layer of "Attention Is All You Need" (section 3.1).
+
+    Three sub-layers, each wrapped in dropout, a residual connection and a
+    normalization (post-norm by default, pre-norm with `normalize_first`):
+
+        x = norm1(x + dropout(self_attention(x, x, causal)))
+        x = norm2(x + dropout(cross_attention(x, encoder_output)))
+        x = norm3(x + dropout(feedforward(x)))
+
+    The self-attention is causal by default: position `t` sees positions
+    `0 .. t` only. In the cross-attention the queries come from the decoder
+    and the keys and values from the encoder output. A block built without an
+    encoder sequence has no cross-attention: a decoder-only (GPT) block.
+
+    Caches, for incremental decoding (as `keras_hub.layers.TransformerDecoder`):
+    `self_attention_cache` `(B, 2, L, G, K)` is written at
+    `self_attention_cache_update_index` with the keys and values of the `T`
+    new positions, and attention is causal over the written slots (slots not
+    yet written are never attended). `cross_attention_cache` `(B, 2, S, G, K)`
+    is filled from `encoder_sequence` when
+    `cross_attention_cache_update_index=0` and reused as it is when `None`.
+
+    Args:
+        intermediate_dim, num_heads, dropout, activation, layer_norm_epsilon,
+        kernel_initializer, bias_initializer, normalize_first, key_dim,
+        num_key_value_heads, score, attention_dropout, feedforward_dropout,
+        gated_feedforward, normalization, use_rotary_embedding,
+        rotary_max_wavelength, use_bias, seed: as in
+            `TransformerEncoderBlock`. Rotary embeddings apply to the
+            self-attention only.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        decoder_sequence: `(B, T, D)`.
+        encoder_sequence: optional `(B, S, De)`, the encoder output.
+        decoder_padding_mask: optional `(B, T)`; combined with the Keras mask
+            of `decoder_sequence`. With a self-attention cache it masks the
+            new queries only; mask earlier cache slots with
+            `decoder_attention_mask`.
+        decoder_attention_mask: optional `(B, T, T)` (`(B, T, L)` with a
+            cache) self-attention mask.
+        encoder_padding_mask: optional `(B, S)`; combined with the Keras mask
+            of `encoder_sequence`.
+        encoder_attention_mask: optional `(B, T, S)` cross-attention mask.
+        self_attention_cache: optional `(B, 2, L, G, K)`.
+        self_attention_cache_update_index: int or scalar int tensor, where
+            the new positions are written.
+        cross_attention_cache: optional `(B, 2, S, G, K)`.
+        cross_attention_cache_update_index: `0` to fill the cross cache from
+            `encoder_sequence`, `None` to reuse it.
+        use_causal_mask: bool, causal self-attention (default True). A cached
+            self-attention call is always causal over the written slots.
+        training: bool, whether dropout is active.
+        return_attention_scores: bool, also return the attention weights.
+
+    Returns:
+        `output` `(B, T, D)`; with `return_attention_scores`, then the
+        self-attention weights `(B, H, T, T|L)` and, with cross-attention, the
+        cross-attention weights `(B, H, T, S)`; then the updated
+        self-attention cache and cross-attention cache, when given. One
+        tensor alone is returned as is, several as a tuple in that order.
+
+    Example:
+
+    >>> import numpy as np
+    >>> block = TransformerDecoderBlock(intermediate_dim=64, num_heads=4)
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> memory = np.random.rand(2, 7, 32).astype("float32")
+    >>> out, self_w, cross_w = block(x, memory, return_attention_scores=True)
+    >>> tuple(out.shape), tuple(self_w.shape), tuple(cross_w.shape)
+    ((2, 5, 32), (2, 4, 5, 5), (2, 4, 5, 7))
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Radford et al., 2019 (GPT-2, pre-norm)](https://openai.com/research/better-language-models)
+    """
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        self._check_inputs("decoder_sequence", decoder_sequence_shape)
+        hidden_dim = decoder_sequence_shape[-1]
+        # Self attention block.
+        self.self_attention = self._attention(
+            hidden_dim, "self_attention", self.use_rotary_embedding, 0
+        )
+        self.self_attention.build(decoder_sequence_shape, decoder_sequence_shape)
+        self.self_attention_layer_norm = self._norm("self_attention_layer_norm")
+        self.self_attention_layer_norm.build(decoder_sequence_shape)
+        self.self_attention_residual_dropout = self._dropout(
+            "self_attention_residual_dropout", 1
+        )
+        # Cross attention block.
+        self.cross_attention = None
+        if encoder_sequence_shape is not None:
+            self._check_inputs("encoder_sequence", encoder_sequence_shape)
+            self.cross_attention = self._attention(
+                hidden_dim, "cross_attention", False, 2
+            )
+            self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
+            self.cross_attention_layer_norm = self._norm("cross_attention_layer_norm")
+            self.cross_attention_layer_norm.build(decoder_sequence_shape)
+            self.cross_attention_residual_dropout = self._dropout(
+                "cross_attention_residual_dropout", 3
+            )
+        # Feedforward block.
+        self.feedforward = self._feedforward(4)
+        self.feedforward.build(decoder_sequence_shape)
+        self.feedforward_layer_norm = self._norm("feedforward_layer_norm")
+        self.feedforward_layer_norm.build(decoder_sequence_shape)
+        self.feedforward_residual_dropout = self._dropout(
+            "feedforward_residual_dropout", 5
+        )
+        self.built = True
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        encoder_attention_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        cross_attention_cache_update_index=None,
+        use_causal_mask=True,
+        training=None,
+        return_attention_scores=False,
+    ):
+        self._check_call(
+            decoder_sequence,
+            encoder_sequence,
+            self_attention_cache,
+            self_attention_cache_update_index,
+            cross_attention_cache,
+            cross_attention_cache_update_index,
+        )
+        decoder_padding_mask = combined_padding_mask(
+            decoder_sequence, decoder_padding_mask, "decoder_padding_mask"
+        )
+        has_cross = encoder_sequence is not None or cross_attention_cache is not None
+        if encoder_sequence is not None:
+            encoder_padding_mask = combined_padding_mask(
+                encoder_sequence, encoder_padding_mask, "encoder_padding_mask"
+            )
+        batch = ops.shape(decoder_sequence)[0]
+
+        # Self attention block.
+        def self_attend(x):
+            kwargs = dict(
+                query_mask=decoder_padding_mask,
+                attention_mask=decoder_attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if self_attention_cache is None:
+                kwargs.update(value_mask=decoder_padding_mask, use_causal_mask=use_causal_mask)
+            else:
+                # The new positions' padding says nothing about the cache's
+                # earlier slots; all-True also keeps Keras from filling in the
+                # (T,) mask of `x` for the (L,) cache.
+                length = ops.shape(self_attention_cache)[2]
+                kwargs.update(
+                    value_mask=ops.ones((batch, length), "bool"),
+                    cache=self_attention_cache,
+                    cache_update_index=self_attention_cache_update_index,
+                )
+            return as_tuple(self.self_attention(x, x, **kwargs))
+
+        x, self_extra = self._sublayer(
+            decoder_sequence,
+            self.self_attention_layer_norm,
+            self.self_attention_residual_dropout,
+            self_attend,
+            training,
+        )
+        self_weights = self_extra[0] if return_attention_scores else None
+        if self_attention_cache is not None:
+            self_attention_cache = self_extra[-1]
+
+        # Cross attention block.
+        cross_weights = None
+        if has_cross:
+
+            def cross_attend(x):
+                kwargs = dict(
+                    attention_mask=encoder_attention_mask,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                )
+                if cross_attention_cache is None:
+                    return as_tuple(
+                        self.cross_attention(
+                            x,
+                            encoder_sequence,
+                            value_mask=encoder_padding_mask,
+                            **kwargs,
+                        )
+                    )
+                cache = cross_attention_cache
+                if cross_attention_cache_update_index is not None:
+                    update = self.cross_attention.compute_cache(encoder_sequence)
+                    start = [0, 0, cross_attention_cache_update_index, 0, 0]
+                    cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
+                value_mask = encoder_padding_mask
+                if value_mask is None:
+                    value_mask = ops.ones((batch, ops.shape(cache)[2]), "bool")
+                outputs = self.cross_attention(
+                    x, x, value_mask=value_mask, cache=cache, **kwargs
+                )
+                return as_tuple(outputs)
+
+            x, cross_extra = self._sublayer(
+                x,
+                self.cross_attention_layer_norm,
+                self.cross_attention_residual_dropout,
+                cross_attend,
+                training,
+            )
+            if return_attention_scores:
+                cross_weights = cross_extra[0]
+            if cross_attention_cache is not None:
+                cross_attention_cache = cross_extra[-1]
+
+        # Feedforward block.
+        x, _ = self._sublayer(
+            x,
+            self.feedforward_layer_norm,
+            self.feedforward_residual_dropout,
+            lambda x: (self.feedforward(x, training=training),),
+            training,
+        )
+
+        outputs = (x,)
+        if return_attention_scores:
+            outputs += (self_weights,)
+            if has_cross:
+                outputs += (cross_weights,)
+        if self_attention_cache is not None:
+            outputs += (self_attention_cache,)
+        if cross_attention_cache is not None:
+            outputs += (cross_attention_cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _check_call(
+        self,
+        decoder_sequence,
+        encoder_sequence,
+        self_cache,
+        self_index,
+        cross_cache,
+        cross_index,
+    ):
+        self._check_inputs("decoder_sequence", decoder_sequence.shape)
+        if encoder_sequence is not None:
+            self._check_inputs("encoder_sequence", encoder_sequence.shape)
+            _validation.check_same_dim(
+                "decoder_sequence",
+                decoder_sequence.shape[0],
+                "encoder_sequence",
+                encoder_sequence.shape[0],
+                "batch size",
+            )
+        has_cross = encoder_sequence is not None or cross_cache is not None
+        if has_cross and self.cross_attention is None:
+            raise ValueError(
+                "This block was built without an encoder sequence, so it has "
+                "no cross-attention (a decoder-only block). Received: "
+                "encoder_sequence or cross_attention_cache in a call"
+            )
+        if self.cross_attention is not None and not has_cross:
+            raise ValueError(
+                "This block was built with cross-attention and needs "
+                "`encoder_sequence` (or a filled `cross_attention_cache`). "
+                "Received: encoder_sequence=None"
+            )
+        if self_index is not None and self_cache is None:
+            raise ValueError(
+                "`self_attention_cache_update_index` needs a "
+                "`self_attention_cache`. Received: self_attention_cache=None, "
+                f"self_attention_cache_update_index={self_index!r}"
+            )
+        if cross_cache is not None and cross_index is None and encoder_sequence is None:
+            return
+        if cross_cache is not None and cross_index is not None and encoder_sequence is None:
+            raise ValueError(
+                "Filling the cross-attention cache "
+                f"(cross_attention_cache_update_index={cross_index!r}) needs "
+                "`encoder_sequence`. Received: encoder_sequence=None"
+            )
+        if cross_index is not None and cross_cache is None:
+            raise ValueError(
+                "`cross_attention_cache_update_index` needs a "
+                "`cross_attention_cache`. Received: cross_attention_cache=None, "
+                f"cross_attention_cache_update_index={cross_index!r}"
+            )
+
+    def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        return tuple(decoder_sequence_shape)
+
+    def compute_output_spec(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        self_attention_cache=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        **kwargs,
+    ):
+        batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
+        dtype = self.compute_dtype
+        outputs = (keras.KerasTensor(decoder_sequence.shape, dtype=dtype),)
+        if return_attention_scores:
+            self_length = (
+                length if self_attention_cache is None else self_attention_cache.shape[2]
+            )
+            outputs += (
+                keras.KerasTensor((batch, self.num_heads, length, self_length), dtype=dtype),
+            )
+            if encoder_sequence is not None or cross_attention_cache is not None:
+                cross_length = (
+                    encoder_sequence.shape[1]
+                    if cross_attention_cache is None
+                    else cross_attention_cache.shape[2]
+                )
+                outputs += (
+                    keras.KerasTensor(
+                        (batch, self.num_heads, length, cross_length), dtype=dtype
+                    ),
+                )
+        for cache in (self_attention_cache, cross_attention_cache):
+            if cache is not None:
+                outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return outputs[0] if len(outputs) == 1 else outputs

@@ -1,0 +1,151 @@
+"""A stack of Transformer encoder blocks.
+
+Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
+"""
+
+import keras
+
+from keras_attention import _validation
+from keras_attention import masking
+from keras_attention.layers._transformer_block import TransformerBlock
+from keras_attention.layers._transformer_block import as_tuple
+from keras_attention.layers._transformer_block import combined_padding_mask
+from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerEncoder(TransformerBlock):
+    """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
+
+    The paper's encoder is a stack of N = 6 identical blocks. Each block has
+    its own weights; the padding and attention masks reach every block. A
+    pre-norm stack (`normalize_first=True`) leaves its output unnormalized,
+    so it ends with one more norm (`final_layer_norm=None` adds it exactly
+    then, as GPT-2 and most pre-norm models do).
+
+    Args:
+        num_layers: positive int, the number of blocks `N`.
+        intermediate_dim, num_heads, ...: the arguments of
+            `TransformerEncoderBlock`, given to every block. Block `i` gets
+            the seed `seed + 10 * i` when `seed` is set.
+        final_layer_norm: optional bool, a norm (of the blocks'
+            `normalization`) after the last block. `None` (default) means
+            `normalize_first`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: optional `(B, T)` boolean mask, combined with the
+            Keras mask of `inputs`.
+        attention_mask: optional `(B, T, T)` boolean mask.
+        training: bool, whether dropout is active.
+        return_attention_scores: bool, also return every block's weights.
+
+    Returns:
+        `(B, T, D)`, or `(output, weights)` where `weights` is a list of `N`
+        tensors `(B, H, T, T)`, one per block.
+
+    Example:
+
+    >>> import numpy as np
+    >>> encoder = TransformerEncoder(num_layers=2, intermediate_dim=64, num_heads=4)
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> out, weights = encoder(x, return_attention_scores=True)
+    >>> tuple(out.shape), len(weights), tuple(weights[0].shape)
+    ((2, 5, 32), 2, (2, 4, 5, 5))
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    def __init__(
+        self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
+    ):
+        super().__init__(intermediate_dim, num_heads, **kwargs)
+        self.num_layers = _validation.check_positive_int("num_layers", num_layers)
+        if final_layer_norm is not None and not isinstance(final_layer_norm, bool):
+            raise ValueError(
+                "`final_layer_norm` must be None, True or False. Received: "
+                f"final_layer_norm={final_layer_norm!r}"
+            )
+        self.final_layer_norm = final_layer_norm
+
+    @property
+    def _has_final_norm(self):
+        if self.final_layer_norm is None:
+            return self.normalize_first
+        return self.final_layer_norm
+
+    def build(self, inputs_shape):
+        self._check_inputs("inputs", inputs_shape)
+        arguments = self.block_arguments()
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = TransformerEncoderBlock(
+                **{**arguments, "seed": self._seed(10 * i)},
+                dtype=self.dtype_policy,
+                name=f"block_{i}",
+            )
+            block.build(inputs_shape)
+            self.blocks.append(block)
+        self.output_layer_norm = None
+        if self._has_final_norm:
+            self.output_layer_norm = self._norm("output_layer_norm")
+            self.output_layer_norm.build(inputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        self._check_inputs("inputs", inputs.shape)
+        padding_mask = combined_padding_mask(inputs, padding_mask)
+        attention_mask = masking.standardize_mask(
+            attention_mask, "attention_mask", ranks=(2, 3, 4)
+        )
+        x = inputs
+        weights = []
+        for block in self.blocks:
+            x, *extra = as_tuple(
+                block(
+                    x,
+                    padding_mask=padding_mask,
+                    attention_mask=attention_mask,
+                    training=training,
+                    return_attention_scores=return_attention_scores,
+                )
+            )
+            weights += extra
+        if self.output_layer_norm is not None:
+            x = self.output_layer_norm(x)
+        if return_attention_scores:
+            return x, weights
+        return x
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+        self._check_inputs("inputs", inputs.shape)
+        output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        batch, length = inputs.shape[0], inputs.shape[1]
+        weights = [
+            keras.KerasTensor(
+                (batch, self.num_heads, length, length), dtype=self.compute_dtype
+            )
+            for _ in range(self.num_layers)
+        ]
+        return output, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
+        )
+        return config
