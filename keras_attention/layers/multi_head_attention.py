@@ -418,7 +418,10 @@ class MultiHeadAttention(keras.layers.Layer):
             and (key is None or key is value)
             # Quantized or LoRA kernels are not plain weights to concatenate.
             and all(
-                d.quantization_mode is None and not d.lora_enabled for d in denses
+                d.quantization_mode is None
+                and not d.lora_enabled
+                and d.kernel.shape[0] == query.shape[-1]
+                for d in denses
             )
         )
 

@@ -1389,3 +1389,121 @@ def test_self_attention_projections_fused_into_one_matmul(monkeypatch, kwargs):
         assert np.any(got != 0)
         # Sums of O(30) in another order: float32 rounding, not a bug.
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# Rotary position embeddings, cross caches and attention capture.
+
+
+def _numpy_rotate(x, start=0, max_wavelength=10000.0):
+    """RoPE on `(B, T, heads, D)` in numpy, pairing dims `i` and `i + D/2`."""
+    x = np.asarray(x, "float64")
+    half = x.shape[-1] // 2
+    positions = start + np.arange(x.shape[1], dtype="float64")  # (T,)
+    inverse = max_wavelength ** (-np.arange(half, dtype="float64") / half)  # (D/2,)
+    angles = positions[:, None] * inverse[None, :]  # (T, D/2)
+    cos, sin = np.cos(angles)[None, :, None], np.sin(angles)[None, :, None]
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
+
+
+def _rotary_mha(**kwargs):
+    from keras_attention.layers import RotaryEmbedding
+
+    return _mha(key_dim=4, rotary_embedding=RotaryEmbedding(), **kwargs)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_rotary_embedding_rotates_queries_and_keys(fused):
+    x = _normal((B, T, DQ))
+    layer = _built(_rotary_mha(fused=fused), x, x)
+    got = _call(layer, x, x, use_causal_mask=True)
+    q = _numpy_rotate(_project(layer.query_dense, x))  # (B, T, H, K)
+    k = _numpy_rotate(_project(layer.key_dense, x))  # (B, T, H, K)
+    v = _project(layer.value_dense, x)
+    heads, _ = ref.attention(
+        layer.score,
+        *(np.transpose(a, (0, 2, 1, 3)) for a in (q, k, v)),
+        ref.causal_mask(T, T),
+    )  # (B, H, T, V)
+    np.testing.assert_allclose(
+        got, _output_projection(layer, heads), rtol=1e-5, atol=1e-5
+    )
+    # Positions matter now: without rotation the output differs.
+    plain = _twin(layer, x, x, rotary_embedding=None)
+    assert not np.allclose(_call(plain, x, x, use_causal_mask=True), got, atol=1e-3)
+    # The rotary layer round-trips through the config.
+    config = layer.get_config()
+    assert config["rotary_embedding"]["class_name"] == "RotaryEmbedding"
+    twin = _twin(layer, x, x)
+    np.testing.assert_allclose(
+        _call(twin, x, x, use_causal_mask=True), got, rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("num_key_value_heads", [None, 2])
+def test_rotary_cached_decoding_equals_full_pass(num_key_value_heads):
+    x = _normal((B, T, DQ))
+    layer = _built(_rotary_mha(num_key_value_heads=num_key_value_heads), x, x)
+    full = _call(layer, x, x, use_causal_mask=True)
+    decoded, cache = _decode(layer, x, 2, _empty_cache(layer, T + 2, np.nan))
+    np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5)
+    # The cache holds the rotated keys, each at its own position.
+    k = _numpy_rotate(_project(layer.key_dense, x))
+    np.testing.assert_allclose(cache[:, 0, :T], k, rtol=1e-5, atol=1e-5)
+
+
+def test_rejects_rotary_embedding_of_wrong_type():
+    with pytest.raises(ValueError, match=r"rotary_embedding=.*'rope'"):
+        _mha(rotary_embedding="rope")
+
+
+@pytest.mark.parametrize("num_key_value_heads", [None, 2])
+def test_compute_cache_fills_a_cross_attention_cache(num_key_value_heads):
+    query, value, key = _cross_inputs()
+    _, value_mask, _ = _masks()
+    layer = _built(_mha(num_key_value_heads=num_key_value_heads), query, value, key)
+    cache = harness.to_numpy(layer.compute_cache(value, key=key))
+    kv_heads = num_key_value_heads or H
+    assert cache.shape == (B, 2, S, kv_heads, K)
+    np.testing.assert_allclose(
+        cache[:, 0], _project(layer.key_dense, key), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        cache[:, 1], _project(layer.value_dense, value), rtol=1e-5, atol=1e-5
+    )
+    output, _ = layer(query, value, cache=cache, value_mask=value_mask)
+    expected = _call(layer, query, value, key=key, value_mask=value_mask)
+    np.testing.assert_allclose(harness.to_numpy(output), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_update_needs_the_queries_own_positions():
+    query, value, key = _cross_inputs()
+    layer = _built(_mha(), query, value, key)
+    with pytest.raises(ValueError, match=r"query length=5, value length=7"):
+        layer(query, value, key=key, cache=_empty_cache(layer, S), cache_update_index=0)
+    layer = _built(_mha(value_dim=K + 1), query, value, key)
+    with pytest.raises(ValueError, match=r"key_dim=3, value_dim=4"):
+        layer.compute_cache(value, key=key)
+
+
+def test_capture_attention_records_the_weights_of_both_paths():
+    from keras_attention.visualization import capture_attention
+
+    query, value, key = _cross_inputs()
+    query_mask, value_mask, attention_mask = _masks()
+    layer = _built(_mha(), query, value, key)
+    kwargs = dict(query_mask=query_mask, value_mask=value_mask, use_causal_mask=True)
+    assert layer.uses_fused_path()
+    _, expected = harness.to_numpy(
+        layer(query, value, key=key, return_attention_scores=True, **kwargs)
+    )
+    [(name, weights)] = capture_attention(layer, query, value, key=key, **kwargs)
+    assert name == layer.path
+    np.testing.assert_allclose(weights, expected, rtol=1e-6, atol=1e-6)
+    # The causal flag alone (no mask built) is recorded as the causal mask.
+    layer = _built(_mha(), query, query)
+    [(_, weights)] = capture_attention(layer, query, query, use_causal_mask=True)
+    assert np.all(np.triu(np.ones((T, T), bool), 1)[None, None] <= (weights == 0))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    # Recording stops after the capture, and the output is unchanged by it.
+    assert layer._attention_recorder is None
