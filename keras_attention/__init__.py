@@ -7,16 +7,18 @@ Modules:
     layers: attention layers, positions, feed-forward networks and
         Transformer blocks.
     losses: the REINFORCE objective of hard attention.
+    models: language models built from the layers (GPT).
     visualization: capture attention weights and plot them.
 """
 
 from keras_attention import layers
 from keras_attention import losses
 from keras_attention import masking
+from keras_attention import models
 from keras_attention import ops
 from keras_attention import scoring
 from keras_attention import visualization
 
 __version__ = "0.1.0"
 
-__all__ = ["layers", "losses", "masking", "ops", "scoring", "visualization", "__version__"]
+__all__ = ["layers", "losses", "masking", "models", "ops", "scoring", "visualization", "__version__"]

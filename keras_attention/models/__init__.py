@@ -1,0 +1,5 @@
+"""Models built from the package's layers."""
+
+from keras_attention.models.gpt import GPT
+
+__all__ = ["GPT"]
