@@ -28,7 +28,8 @@ class PositionEmbedding(keras.layers.Layer):
 
     A sequence longer than the table is a `ValueError` when it can be told
     statically (a static length `T > sequence_length`, or a Python
-    `start_index` with `start_index + T > sequence_length`). A dynamic length
+    `start_index` with `start_index + T > sequence_length`; given `positions`
+    are not checked). A dynamic length
     beyond the table cannot be checked on every backend: TensorFlow raises at
     run time, JAX clamps the slice (`jax.lax.dynamic_slice`).
 
@@ -130,7 +131,8 @@ class PositionEmbedding(keras.layers.Layer):
                 f"inputs with shape {tuple(inputs_shape)}"
             )
         check_start_index_and_positions(inputs_shape, start_index, positions)
-        check_length(inputs_shape[1], start_index, self.sequence_length)
+        if positions is None:
+            check_length(inputs_shape[1], start_index, self.sequence_length)
 
 
 def check_length(length, start_index, sequence_length):

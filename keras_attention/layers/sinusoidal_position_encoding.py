@@ -155,7 +155,8 @@ def check_positive_number(name, value):
         raise ValueError(
             f"`{name}` must be a positive number. Received: {name}={value!r}"
         )
-    return value
+    # Python numbers, so that configs stay JSON (numpy ints are not).
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _check_inputs(inputs_shape, start_index, positions):

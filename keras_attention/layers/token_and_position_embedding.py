@@ -133,6 +133,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             tie_weights=self.tie_weights,
             embeddings_initializer=self.embeddings_initializer,
             mask_zero=self.mask_zero,
+            # An Embedding does not autocast: without this, float32 variables
+            # would turn the logits float32 under mixed precision.
+            reverse_dtype=self.compute_dtype,
             dtype=self.dtype_policy,
             name="token_embedding",
         )
@@ -148,7 +151,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
-        self.supports_masking = self.mask_zero
+        # Masks from `mask_zero` are computed here; with `reverse=True` a mask
+        # on the hidden states is dropped quietly (logits carry none).
+        self.supports_masking = True
 
     def build(self, inputs_shape):
         self.token_embedding.build(inputs_shape)
