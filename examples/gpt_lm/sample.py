@@ -1,0 +1,83 @@
+"""Write text with a GPT trained by `train.py`.
+
+Usage:
+
+    python examples/gpt_lm/sample.py --output-dir gpt_lm_output --prompt "ROMEO:" \
+        --length 500 --temperature 0.8 --top-k 40 --seed 1
+
+Loads `model.keras` (safe mode) and the tokenizer from the training run's
+output directory and continues the prompt. A model's context is its
+`max_sequence_length`; longer texts slide: each `generate` call keeps the last
+half context as its prompt and adds the other half, with the KV cache inside
+each call.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+
+for _i, _arg in enumerate(sys.argv[1:], start=1):
+    if _arg == "--backend" and _i + 1 < len(sys.argv):
+        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
+    elif _arg.startswith("--backend="):
+        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+
+def sample_text(model, prompt_ids, length, temperature=1.0, top_k=None, seed=None):
+    """`length` new ids after `prompt_ids` (1-D), sliding past the context.
+
+    Returns the new ids as a 1-D numpy array (the tokenizer decodes them).
+    """
+    context = model.max_sequence_length
+    keep = max(context // 2, 1)
+    ids = list(np.asarray(prompt_ids, "int32")[-keep:])
+    produced = []
+    step = 0
+    while len(produced) < length:
+        prompt = np.array([ids[-keep:]], "int32")  # (1, P)
+        new = min(context - prompt.shape[1], length - len(produced))
+        sampling = "top_k" if top_k else "random"
+        output = model.generate(
+            prompt, new, sampling=sampling, temperature=temperature, top_k=top_k,
+            seed=None if seed is None else seed + step,
+        )
+        fresh = list(output[0, prompt.shape[1]:])
+        produced += fresh
+        ids += fresh
+        step += 1
+    return np.array(produced, "int32")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output-dir", default="gpt_lm_output")
+    parser.add_argument("--prompt", default="\n")
+    parser.add_argument("--length", type=int, default=500)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"])
+    args = parser.parse_args(argv)
+
+    import keras
+
+    import data
+    import keras_attention  # noqa: F401  registers the classes for loading
+
+    output = pathlib.Path(args.output_dir)
+    model = keras.saving.load_model(output / "model.keras")
+    tokenizer = data.load_tokenizer(output / "tokenizer.json")
+    prompt = tokenizer.encode(args.prompt)
+    new = sample_text(
+        model, prompt, args.length, args.temperature, args.top_k or None, args.seed
+    )
+    print(args.prompt + tokenizer.decode(new))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""Train a GPT (`keras_attention.models.GPT`) on tiny-shakespeare, nanoGPT style.
+
+Reads top to bottom: config presets -> data (`tf.data`) -> model -> optimizer
+(AdamW, linear warm-up, cosine decay, gradient clipping) -> `model.fit` with
+an evaluation on the whole validation split, a checkpoint and a text sample
+every `eval_interval` steps -> final evaluation.
+
+Usage:
+
+    python examples/gpt_lm/train.py --config cpu              # nanoGPT's CPU config
+    python examples/gpt_lm/train.py --config gpu --mixed-precision --jit
+    python examples/gpt_lm/train.py --backend jax              # or tensorflow, torch
+    python examples/gpt_lm/train.py --tiny                     # seconds, for tests
+
+A run that finds a checkpoint in `--output-dir` resumes from it (same steps,
+same batches, optimizer state and schedule included); `--fresh` starts over.
+The last line printed is `val_loss: <value>`, the mean cross-entropy in nats
+per token over the whole validation split.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+
+# `--backend` must reach KERAS_BACKEND before keras is imported.
+for _i, _arg in enumerate(sys.argv[1:], start=1):
+    if _arg == "--backend" and _i + 1 < len(sys.argv):
+        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
+    elif _arg.startswith("--backend="):
+        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import data  # noqa: E402
+from keras_attention.models import GPT  # noqa: E402
+from sample import sample_text  # noqa: E402
+
+
+@dataclasses.dataclass
+class Config:
+    # Data.
+    source: str | None = None  # None: the shipped tiny-shakespeare
+    cache_dir: str | None = None
+    tokenizer: str = "char"  # or "bpe"
+    bpe_vocabulary_size: int = 512
+    context_length: int = 64
+    batch_size: int = 12
+    eval_batch_size: int = 64
+    eval_windows: int | None = None  # None: the whole validation split
+    # Model.
+    num_layers: int = 4
+    num_heads: int = 4
+    hidden_dim: int = 128
+    intermediate_dim: int = 512
+    dropout: float = 0.0
+    # Optimization (nanoGPT's shakespeare_char settings).
+    steps: int = 2000
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta_1: float = 0.9
+    beta_2: float = 0.99
+    clip_norm: float = 1.0
+    eval_interval: int = 250
+    # Sampling.
+    sample_length: int = 200
+    temperature: float = 0.8
+    top_k: int | None = 40
+    seed: int = 1337
+
+
+PRESETS = {
+    # nanoGPT README, "I only have a macbook": validation loss 1.88.
+    "cpu": {},
+    # nanoGPT config/train_shakespeare_char.py: validation loss 1.4697.
+    "gpu": dict(
+        context_length=256,
+        batch_size=64,
+        num_layers=6,
+        num_heads=6,
+        hidden_dim=384,
+        intermediate_dim=1536,
+        dropout=0.2,
+        steps=5000,
+        eval_interval=500,
+    ),
+    "tiny": dict(
+        context_length=16,
+        batch_size=4,
+        eval_batch_size=8,
+        eval_windows=16,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        steps=6,
+        eval_interval=3,
+        warmup_steps=2,
+        sample_length=20,
+    ),
+}
+
+
+# Data.
+
+
+def make_data(config, start_step=0, tokenizer=None):
+    """The tokenizer, training and validation datasets, and validation ids."""
+    text = data.load_text(config.source, config.cache_dir)
+    train_text, _ = data.split_ids(np.array(list(text)), 0.9)
+    if tokenizer is None:
+        if config.tokenizer == "bpe":
+            tokenizer = data.BytePairTokenizer.fit(
+                "".join(train_text), config.bpe_vocabulary_size
+            )
+        else:
+            tokenizer = data.CharTokenizer.fit(text)
+    train_ids, val_ids = data.split_ids(tokenizer.encode(text), 0.9)
+    train = data.train_batches(
+        train_ids, config.context_length, config.batch_size, config.seed, start_step
+    )
+    val = data.validation_batches(
+        val_ids, config.context_length, config.eval_batch_size, config.eval_windows
+    )
+    return tokenizer, train, val, val_ids
+
+
+# Model and optimizer.
+
+
+def build_model(config, vocabulary_size):
+    model = GPT(
+        vocabulary_size=vocabulary_size,
+        max_sequence_length=config.context_length,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        hidden_dim=config.hidden_dim,
+        intermediate_dim=config.intermediate_dim,
+        dropout=config.dropout,
+        seed=config.seed,
+    )
+    model.build((None, config.context_length))
+    return model
+
+
+def compile_model(model, config, jit_compile="auto"):
+    """AdamW with warm-up and cosine decay; no decay on biases and norms."""
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        warmup_target=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        decay_steps=max(config.steps - config.warmup_steps, 1),
+        alpha=config.min_learning_rate / config.learning_rate,
+    )
+    optimizer = keras.optimizers.AdamW(
+        schedule,
+        weight_decay=config.weight_decay,
+        beta_1=config.beta_1,
+        beta_2=config.beta_2,
+        global_clipnorm=config.clip_norm,
+    )
+    # As nanoGPT: weight decay on matrices and embeddings only.
+    optimizer.exclude_from_weight_decay(
+        var_list=[v for v in model.trainable_variables if len(v.shape) < 2]
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
+    )
+    optimizer.build(model.trainable_variables)
+
+
+# Checkpoints.
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """After every `eval_interval` steps: weights + optimizer state, the step.
+
+    A checkpoint holds everything a resumed run needs: the model weights, the
+    optimizer's moments and step counter (so the schedule continues), the
+    tokenizer and the config. Writes go to temporary names first, so a run
+    killed while saving leaves the previous checkpoint intact.
+    """
+
+    def __init__(self, directory, config, tokenizer, interval, val_ids):
+        super().__init__()
+        self.directory = pathlib.Path(directory)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.interval = interval
+        self.val_ids = val_ids
+        self._start = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - self._start
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        tokens = self.interval * self.config.batch_size * self.config.context_length
+        print(
+            f"step {step}: loss {logs['loss']:.4f}, val_loss {logs['val_loss']:.4f}, "
+            f"{tokens / seconds:,.0f} tokens/s (evaluation included)",
+            flush=True,
+        )
+        save_checkpoint(self.directory, self.model, self.config, self.tokenizer, step)
+        prompt = self.val_ids[: self.config.context_length // 2]
+        text = sample_text(
+            self.model, prompt, self.config.sample_length,
+            temperature=self.config.temperature, top_k=self.config.top_k,
+            seed=self.config.seed + step,
+        )
+        text = self.tokenizer.decode(prompt) + self.tokenizer.decode(text)
+        print(f"---- sample at step {step} ----\n{text}\n----", flush=True)
+
+
+def save_checkpoint(directory, model, config, tokenizer, step):
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = directory / "checkpoint.weights.h5"
+    model.save_weights(directory / "tmp.weights.h5")
+    os.replace(directory / "tmp.weights.h5", weights)
+    state = {"step": step, "config": dataclasses.asdict(config)}
+    (directory / "tmp_state.json").write_text(json.dumps(state, indent=1))
+    data.save_tokenizer(tokenizer, directory / "tokenizer.json")
+    os.replace(directory / "tmp_state.json", directory / "state.json")
+
+
+def load_checkpoint(directory):
+    """`(step, config dict, tokenizer)` of the checkpoint in `directory`, or None."""
+    directory = pathlib.Path(directory)
+    if not (directory / "state.json").exists():
+        return None
+    state = json.loads((directory / "state.json").read_text())
+    tokenizer = data.load_tokenizer(directory / "tokenizer.json")
+    return state["step"], state["config"], tokenizer
+
+
+# Main.
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
+    parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"])
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--output-dir", default="gpt_lm_output")
+    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
+    parser.add_argument("--source", help="corpus path or URL (default: shipped)")
+    parser.add_argument("--cache-dir", help="where a downloaded corpus is kept")
+    parser.add_argument("--tokenizer", choices=["char", "bpe"])
+    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16")
+    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    args = parser.parse_args(argv)
+    config = Config(**PRESETS["tiny" if args.tiny else args.config])
+    for name in ("steps", "eval_interval", "source", "cache_dir", "tokenizer"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    if config.steps % config.eval_interval:
+        parser.error(
+            f"--steps ({config.steps}) must be a multiple of the evaluation "
+            f"interval ({config.eval_interval})"
+        )
+    return args, config
+
+
+def main(argv=None):
+    args, config = parse_args(argv)
+    print(f"backend: {keras.backend.backend()}")
+    if args.mixed_precision:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(config.seed)
+    output = pathlib.Path(args.output_dir)
+
+    start_step, tokenizer = 0, None
+    checkpoint = None if args.fresh else load_checkpoint(output)
+    if checkpoint is not None:
+        start_step, saved, tokenizer = checkpoint
+        # The model and data must be those of the checkpoint; only the number
+        # of steps may grow.
+        steps = config.steps
+        config = Config(**{**saved, "steps": max(steps, saved["steps"])})
+        print(f"resuming from step {start_step} of {output}")
+    print(config)
+
+    tokenizer, train, val, val_ids = make_data(config, start_step, tokenizer)
+    model = build_model(config, tokenizer.vocabulary_size)
+    compile_model(model, config, jit_compile=True if args.jit else "auto")
+    if checkpoint is not None:
+        model.load_weights(output / "checkpoint.weights.h5")
+    print(
+        f"vocabulary: {tokenizer.vocabulary_size} tokens ({tokenizer.kind}), "
+        f"parameters: {model.count_params():,}"
+    )
+
+    epochs = config.steps // config.eval_interval
+    start = time.perf_counter()
+    if start_step < config.steps:
+        model.fit(
+            train,
+            initial_epoch=start_step // config.eval_interval,
+            epochs=epochs,
+            steps_per_epoch=config.eval_interval,
+            validation_data=val,
+            callbacks=[
+                Checkpoint(output, config, tokenizer, config.eval_interval, val_ids)
+            ],
+            shuffle=False,  # the batches are random windows already
+            verbose=0,
+        )
+    trained = config.steps - start_step
+    seconds = time.perf_counter() - start
+    print(f"trained {trained} steps in {seconds:.1f} s")
+    model.save(output / "model.keras")
+    data.save_tokenizer(tokenizer, output / "tokenizer.json")
+    val_loss = model.evaluate(val, verbose=0)
+    print(f"val_loss: {val_loss:.4f}")
+
+
+if __name__ == "__main__":
+    main()
