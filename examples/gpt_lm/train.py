@@ -199,17 +199,27 @@ class Checkpoint(keras.callbacks.Callback):
         self.interval = interval
         self.val_ids = val_ids
         self._start = None
+        self._train_seconds = None
+        self.tokens_per_second = []  # training only, one entry per interval
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
+        self._train_seconds = None
+
+    def on_test_begin(self, logs=None):
+        # Validation runs at the end of each epoch: stop the training clock.
+        if self._start is not None and self._train_seconds is None:
+            self._train_seconds = time.perf_counter() - self._start
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self._start
+        seconds = self._train_seconds or (time.perf_counter() - self._start)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         tokens = self.interval * self.config.batch_size * self.config.context_length
+        self.tokens_per_second.append(tokens / seconds)
         print(
             f"step {step}: loss {logs['loss']:.4f}, val_loss {logs['val_loss']:.4f}, "
-            f"{tokens / seconds:,.0f} tokens/s (evaluation included)",
+            f"{1e3 * seconds / self.interval:.1f} ms/step, "
+            f"{tokens / seconds:,.0f} tokens/s",
             flush=True,
         )
         save_checkpoint(self.directory, self.model, self.config, self.tokenizer, step)
@@ -305,6 +315,7 @@ def main(argv=None):
 
     epochs = config.steps // config.eval_interval
     start = time.perf_counter()
+    checkpointer = Checkpoint(output, config, tokenizer, config.eval_interval, val_ids)
     if start_step < config.steps:
         model.fit(
             train,
@@ -312,9 +323,7 @@ def main(argv=None):
             epochs=epochs,
             steps_per_epoch=config.eval_interval,
             validation_data=val,
-            callbacks=[
-                Checkpoint(output, config, tokenizer, config.eval_interval, val_ids)
-            ],
+            callbacks=[checkpointer],
             shuffle=False,  # the batches are random windows already
             verbose=0,
         )
@@ -325,6 +334,13 @@ def main(argv=None):
     data.save_tokenizer(tokenizer, output / "tokenizer.json")
     val_loss = model.evaluate(val, verbose=0)
     print(f"val_loss: {val_loss:.4f}")
+    return {
+        "val_loss": val_loss,
+        "train_tokens_per_second": checkpointer.tokens_per_second,
+        "parameters": model.count_params(),
+        "config": config,
+        "seconds": seconds,
+    }
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         position: `"learned"` (default) or `"sinusoidal"`.
         max_wavelength: positive number, the longest wavelength of the
             sinusoidal table (used with `position="sinusoidal"`).
+        position_initializer: initializer of the learned position table.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -103,6 +104,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         embeddings_initializer="uniform",
         position="learned",
         max_wavelength=10000,
+        position_initializer="glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -125,6 +127,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.mask_zero = bool(mask_zero)
         self.tie_weights = bool(tie_weights)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.position_initializer = keras.initializers.get(position_initializer)
         # Sublayers exist from construction (their shapes do not depend on the
         # inputs), so weights can be shared or copied before the first call.
         self.token_embedding = keras.layers.ReversibleEmbedding(
@@ -142,6 +145,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if position == "learned":
             self.position_embedding = PositionEmbedding(
                 self.sequence_length,
+                initializer=self.position_initializer,
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
@@ -208,6 +212,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "embedding_dim": self.embedding_dim,
                 "mask_zero": self.mask_zero,
                 "tie_weights": self.tie_weights,
+                "position_initializer": keras.initializers.serialize(
+                    self.position_initializer
+                ),
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer
                 ),

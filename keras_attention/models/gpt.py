@@ -130,6 +130,7 @@ class GPT(keras.Model):
             hidden_dim,
             tie_weights=True,
             embeddings_initializer=self._initializer(),
+            position_initializer=self._initializer(),
             dtype=self.dtype_policy,
             name="embedding",
         )
@@ -160,6 +161,16 @@ class GPT(keras.Model):
         self.embedding.build(token_ids_shape)
         hidden_shape = tuple(token_ids_shape) + (self.hidden_dim,)
         self.decoder.build(hidden_shape)
+        # GPT-2 (section 2.3) scales the initial weights of the projections
+        # that write into the residual stream by 1 / sqrt(2 N): each of the
+        # 2 N sub-layers adds to it, and the sum should not grow with depth.
+        # Unseeded: a seeded initializer would give every kernel equal values.
+        scaled = keras.initializers.RandomNormal(
+            stddev=self.initializer_range / (2 * self.num_layers) ** 0.5
+        )
+        for block in self.decoder.blocks:
+            for dense in (block.self_attention.output_dense, block.feedforward.output_dense):
+                dense.kernel.assign(scaled(dense.kernel.shape, dense.kernel.dtype))
         self.built = True
 
     def __call__(self, token_ids, *args, **kwargs):
