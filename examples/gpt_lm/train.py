@@ -60,6 +60,9 @@ class Config:
     hidden_dim: int = 128
     intermediate_dim: int = 512
     dropout: float = 0.0
+    # nanoGPT's shakespeare_char model: no biases, the exact GELU.
+    use_bias: bool = False
+    activation: str = "gelu"
     # Optimization (nanoGPT's shakespeare_char settings).
     steps: int = 2000
     learning_rate: float = 1e-3
@@ -68,6 +71,7 @@ class Config:
     weight_decay: float = 0.1
     beta_1: float = 0.9
     beta_2: float = 0.99
+    epsilon: float = 1e-8  # torch's AdamW default, as nanoGPT
     clip_norm: float = 1.0
     eval_interval: int = 250
     # Sampling.
@@ -145,6 +149,8 @@ def build_model(config, vocabulary_size):
         hidden_dim=config.hidden_dim,
         intermediate_dim=config.intermediate_dim,
         dropout=config.dropout,
+        activation=config.activation,
+        use_bias=config.use_bias,
         seed=config.seed,
     )
     model.build((None, config.context_length))
@@ -165,6 +171,7 @@ def compile_model(model, config, jit_compile="auto"):
         weight_decay=config.weight_decay,
         beta_1=config.beta_1,
         beta_2=config.beta_2,
+        epsilon=config.epsilon,
         global_clipnorm=config.clip_norm,
     )
     # As nanoGPT: weight decay on matrices and embeddings only.
@@ -264,6 +271,7 @@ def parse_args(argv=None):
     parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"])
     parser.add_argument("--steps", type=int)
     parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--output-dir", default="gpt_lm_output")
     parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
     parser.add_argument("--source", help="corpus path or URL (default: shipped)")
@@ -273,7 +281,9 @@ def parse_args(argv=None):
     parser.add_argument("--jit", action="store_true", help="jit_compile=True")
     args = parser.parse_args(argv)
     config = Config(**PRESETS["tiny" if args.tiny else args.config])
-    for name in ("steps", "eval_interval", "source", "cache_dir", "tokenizer"):
+    for name in (
+        "steps", "eval_interval", "learning_rate", "source", "cache_dir", "tokenizer"
+    ):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
     if config.steps % config.eval_interval:

@@ -49,6 +49,8 @@ class GPT(keras.Model):
         layer_norm_epsilon: positive float (GPT-2: 1e-5).
         num_key_value_heads: optional int dividing `num_heads`: grouped-query
             attention (not GPT-2).
+        use_bias: bool, biases in the attention and feed-forward projections
+            (GPT-2: True; nanoGPT's small configurations: False).
         initializer_range: positive float, the standard deviation of the
             normal initializer of every kernel and embedding (GPT-2: 0.02).
         seed: optional int, the seed of the dropout layers.
@@ -90,6 +92,7 @@ class GPT(keras.Model):
         activation="gelu_approximate",
         layer_norm_epsilon=1e-5,
         num_key_value_heads=None,
+        use_bias=True,
         initializer_range=0.02,
         seed=None,
         **kwargs,
@@ -111,6 +114,7 @@ class GPT(keras.Model):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.num_key_value_heads = num_key_value_heads
+        self.use_bias = bool(use_bias)
         if (
             isinstance(initializer_range, bool)
             or not isinstance(initializer_range, (int, float))
@@ -148,6 +152,7 @@ class GPT(keras.Model):
             kernel_initializer=self._initializer(),
             normalize_first=True,
             num_key_value_heads=num_key_value_heads,
+            use_bias=use_bias,
             seed=None if seed is None else seed + 1,
             dtype=self.dtype_policy,
             name="decoder",
@@ -495,6 +500,7 @@ class GPT(keras.Model):
                 "activation": self.decoder.block_arguments()["activation"],
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "num_key_value_heads": self.num_key_value_heads,
+                "use_bias": self.use_bias,
                 "initializer_range": self.initializer_range,
                 "seed": self.seed,
             }
