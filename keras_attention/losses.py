@@ -26,6 +26,7 @@ keep in a `.keras` file; so the objective lives in the model's
 JAX and PyTorch, compiled or not.
 """
 
+import copy
 import numbers
 
 import keras
@@ -104,8 +105,9 @@ class ReinforceModel(keras.Model):
     selections); the first training batch, which has no history, uses and
     stores its own mean reward. `baseline` and `baseline_updates` (the count
     of updates) are non-trainable variables: they are saved in `.keras` files
-    and weight files. Evaluation reports the task loss alone. Sample weights
-    weigh the REINFORCE term as they weigh the task loss.
+    and weight files. Evaluation reports the task loss alone. Per-example
+    sample weights `(B,)` weigh the REINFORCE term as they weigh the task
+    loss (the baseline averages the unweighted rewards).
 
     Args:
         model: a `keras.Model` (or layer) returning
@@ -119,7 +121,8 @@ class ReinforceModel(keras.Model):
             function registered with `keras.saving` so the model can be
             saved. Defaults to minus the per-example value of the loss given
             to `compile` (averaged over any axes after the batch), which must
-            then be a single loss.
+            then be a single loss. With a `reward`, `compile` may omit the
+            loss: the model is then a pure policy (a bandit).
         **kwargs: base `keras.Model` arguments (`name`, ...).
 
     Call arguments:
@@ -226,13 +229,22 @@ class ReinforceModel(keras.Model):
     ):
         if not isinstance(y_pred, dict):
             # Evaluation: the task loss alone.
+            if self.loss is None:
+                return ops.zeros((), "float32")
             return super().compute_loss(
                 x, y, y_pred, sample_weight, training=training
             )
         predictions = y_pred["predictions"]
-        loss = super().compute_loss(
-            x, y, predictions, sample_weight, training=training
-        )
+        if self.loss is None:
+            # A pure policy (a bandit): the reward is all there is, plus any
+            # regularization.
+            loss = ops.zeros((), "float32")
+            for extra in self.losses:
+                loss = loss + ops.cast(ops.sum(extra), "float32")
+        else:
+            loss = super().compute_loss(
+                x, y, predictions, sample_weight, training=training
+            )
         reward = ops.cast(self.compute_reward(y, predictions), "float32")  # (B,)
         batch_reward = ops.mean(reward)
         first = ops.equal(self.baseline_updates.value, 0)
@@ -304,7 +316,8 @@ class ReinforceModel(keras.Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
+        # Deserializing a functional model empties its config dict in place.
+        config = copy.deepcopy(config)
         config["model"] = keras.saving.deserialize_keras_object(
             config["model"], custom_objects=custom_objects
         )

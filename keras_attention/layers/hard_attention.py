@@ -22,6 +22,7 @@ from keras_attention import scoring
 from keras_attention.layers.soft_attention import _check_shapes
 
 SELECTIONS = ("argmax", "sample")
+_Schedule = keras.optimizers.schedules.LearningRateSchedule
 ESTIMATORS = ("reinforce", "straight_through", "gumbel")
 
 
@@ -96,12 +97,12 @@ class HardAttention(keras.layers.Layer):
             of the relaxation used by `"straight_through"` and `"gumbel"`.
             Defaults to 1. `"reinforce"` samples from `pi` itself and takes
             no temperature.
+        seed: optional int, the seed of the sampling.
         hard: bool, for `"gumbel"` only: output the one-hot sample
             (straight-through Gumbel) instead of the relaxed sample. The other
             estimators always output the one-hot selection. Defaults to False.
         inference_selection: `"argmax"` (default) or `"sample"`, how a
             position is chosen at inference.
-        seed: optional int, the seed of the sampling.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -162,9 +163,9 @@ class HardAttention(keras.layers.Layer):
         selection="sample",
         estimator="reinforce",
         temperature=1.0,
+        seed=None,
         hard=False,
         inference_selection="argmax",
-        seed=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -204,7 +205,7 @@ class HardAttention(keras.layers.Layer):
         _check_shapes(query_shape, value_shape, key_shape)
         key_shape = value_shape if key_shape is None else key_shape
         self.score.build_or_check(query_shape, key_shape)
-        if isinstance(self.temperature, keras.optimizers.schedules.LearningRateSchedule):
+        if isinstance(self.temperature, _Schedule):
             # The step at which the temperature schedule is read; saved with
             # the model so that a resumed training continues the annealing.
             self.iterations = self.add_weight(
@@ -256,13 +257,13 @@ class HardAttention(keras.layers.Layer):
         if return_attention_scores:
             outputs += (selector.probabilities, selector.selection)
         if return_log_prob:
-            outputs += (selector.log_prob, selector.entropy)
+            outputs += selector.log_prob_and_entropy()
         return outputs[0] if len(outputs) == 1 else outputs
 
     def current_temperature(self):
         """The temperature in use now: a float32 scalar tensor."""
         temperature = self.temperature
-        if isinstance(temperature, keras.optimizers.schedules.LearningRateSchedule):
+        if isinstance(temperature, _Schedule):
             temperature = temperature(self.iterations)
         return ops.cast(temperature, "float32")
 
@@ -309,9 +310,9 @@ class HardAttention(keras.layers.Layer):
                 "selection": self.selection,
                 "estimator": self.estimator,
                 "temperature": temperature,
+                "seed": self.seed,
                 "hard": self.hard,
                 "inference_selection": self.inference_selection,
-                "seed": self.seed,
             }
         )
         return config
@@ -321,9 +322,9 @@ class _Selector:
     """The normalize step of hard attention, for one call of the layer.
 
     Called by `ops.attention` as `normalize(scores, mask)`, it returns the
-    weights of the weighted sum and keeps what else the layer returns:
-    `probabilities`, `selection` (`(B, T, S)`, in the dtype of the scores),
-    `log_prob` and `entropy` (`(B,)`, float32).
+    weights of the weighted sum and keeps what else the layer may return:
+    `probabilities` and `selection`, `(B, T, S)` in the dtype of the scores;
+    `log_prob_and_entropy()` computes the REINFORCE terms on request.
     """
 
     def __init__(self, layer, training):
@@ -342,18 +343,16 @@ class _Selector:
         logits = ops.where(
             mask, scores, attention_ops.mask_fill_value(work_dtype)
         )  # (B, T, S)
-
         probabilities = attention_ops.masked_softmax(scores, mask)  # (B, T, S)
-        log_probabilities = ops.where(
-            mask, ops.log_softmax(logits, axis=-1), ops.zeros_like(logits)
-        )
 
-        selection_rule = layer.selection if self.training else layer.inference_selection
+        rule = layer.selection if self.training else layer.inference_selection
         noise = None
-        if selection_rule == "sample":
+        if rule == "sample":
             # Gumbel-max: argmax(e + g) is a draw from softmax(e). Masked
             # positions keep the (finite) fill value, so they are never drawn.
-            noise = _gumbel_noise(ops.shape(scores), work_dtype, layer.seed_generator)
+            noise = _gumbel_noise(
+                ops.shape(scores), work_dtype, layer.seed_generator
+            )  # (B, T, S)
             index = ops.argmax(logits + noise, axis=-1)  # (B, T)
         else:
             index = ops.argmax(logits, axis=-1)  # (B, T), ties: the first
@@ -362,12 +361,10 @@ class _Selector:
         # AND with the mask: a row that may attend to nothing selects nothing.
         selection = ops.cast(ops.logical_and(one_hot, mask), work_dtype)
 
+        self._mask, self._logits = mask, logits
+        self._probabilities, self._selection = probabilities, selection
         self.probabilities = ops.cast(probabilities, out_dtype)
         self.selection = ops.cast(selection, out_dtype)
-        log_prob = ops.sum(selection * log_probabilities, axis=-1)  # (B, T)
-        entropy = -ops.sum(probabilities * log_probabilities, axis=-1)  # (B, T)
-        self.log_prob = ops.cast(ops.sum(log_prob, axis=-1), "float32")  # (B,)
-        self.entropy = ops.cast(ops.sum(entropy, axis=-1), "float32")  # (B,)
 
         if not self.training or layer.estimator == "reinforce":
             # REINFORCE's gradient reaches the scorer through `log_prob`.
@@ -380,6 +377,25 @@ class _Selector:
             return _straight_through(selection, soft)
         soft = attention_ops.masked_softmax((scores + noise) / temperature, mask)
         return _straight_through(selection, soft) if layer.hard else soft
+
+    def log_prob_and_entropy(self):
+        """`log p(selection)` and `H(pi)`, each summed over queries: `(B,)`.
+
+        From a log-softmax of the masked scores rather than `log(pi)`, which
+        is `-inf` where `pi` underflows. Masked positions, and rows with
+        nothing to attend to, contribute exactly 0.
+        """
+        log_probabilities = ops.where(
+            self._mask,
+            ops.log_softmax(self._logits, axis=-1),
+            ops.zeros_like(self._logits),
+        )  # (B, T, S)
+        log_prob = ops.sum(self._selection * log_probabilities, axis=-1)
+        entropy = -ops.sum(self._probabilities * log_probabilities, axis=-1)
+        return (
+            ops.cast(ops.sum(log_prob, axis=-1), "float32"),  # (B,)
+            ops.cast(ops.sum(entropy, axis=-1), "float32"),  # (B,)
+        )
 
 
 def _straight_through(hard, soft):
@@ -394,7 +410,9 @@ def _straight_through(hard, soft):
 def _gumbel_noise(shape, dtype, seed):
     """Standard Gumbel noise `-log(-log(u))`, `u ~ U[tiny, 1)`: always finite."""
     tiny = float(np.finfo(dtype).tiny)
-    uniform = keras.random.uniform(shape, minval=tiny, maxval=1.0, dtype=dtype, seed=seed)
+    uniform = keras.random.uniform(
+        shape, minval=tiny, maxval=1.0, dtype=dtype, seed=seed
+    )
     return -ops.log(-ops.log(uniform))
 
 
@@ -411,7 +429,7 @@ def _check_temperature(temperature):
     """A positive float, or a learning-rate-style schedule (or its config)."""
     if isinstance(temperature, dict):
         temperature = keras.saving.deserialize_keras_object(temperature)
-    if isinstance(temperature, keras.optimizers.schedules.LearningRateSchedule):
+    if isinstance(temperature, _Schedule):
         return temperature
     if (
         isinstance(temperature, bool)
