@@ -80,20 +80,37 @@ def masked_softmax(scores, mask=None, axis=-1):
     return ops.cast(weights, out_dtype)
 
 
-def _zero_unreachable(sequence, mask):
-    """Zeros key/value positions that no query may attend to.
+def nonfinite_positions(key, value):
+    """`(..., S)`: True where the key or the value vector holds NaN or inf."""
+    finite = ops.logical_and(
+        ops.all(ops.isfinite(key), axis=-1), ops.all(ops.isfinite(value), axis=-1)
+    )
+    return ops.logical_not(finite)
+
+
+def sanitize_nonfinite(key, value):
+    """Zeros key/value positions holding NaN or inf; returns them and where.
 
     A masked position can hold NaN or inf (uninitialized padding, a poisoned
-    cache slot); `0 * NaN` is NaN, so zero weights alone would not stop it
-    from reaching the output or the gradients. Positions masked for every
-    query are replaced with zeros before they are used.
+    cache slot, a later token hidden by the causal mask). `0 * NaN` is NaN,
+    so zero weights alone would not stop it from reaching the outputs and
+    gradients of the queries that may not see it. The positions are zeroed
+    before use, and `poison_outputs` gives NaN back to exactly the queries
+    that may attend to one of them, whose outputs would have been NaN.
 
-    Args:
-        sequence: `(..., S, D)`.
-        mask: boolean, broadcastable to `(..., T, S)`.
+    Returns:
+        `(key, value, bad)` with `bad` `(..., S)`.
     """
-    reachable = ops.any(mask, axis=-2)[..., None]  # (..., S, 1)
-    return ops.where(reachable, sequence, ops.zeros_like(sequence))
+    bad = nonfinite_positions(key, value)  # (..., S)
+    key = ops.where(bad[..., None], ops.zeros_like(key), key)
+    value = ops.where(bad[..., None], ops.zeros_like(value), value)
+    return key, value, bad
+
+
+def poison_outputs(output, sees_bad):
+    """NaN where `sees_bad` (broadcastable to `output`), else `output`."""
+    nan = ops.cast(float("nan"), output.dtype)
+    return ops.where(sees_bad, nan, output)
 
 
 def attention(
@@ -118,8 +135,10 @@ def attention(
     3. dropout on the weights when `training` (rows stay zero where they were);
     4. weighted sum: `output = weights @ value`, `(..., T, Dv)`.
 
-    Key and value positions that no query may attend to are zeroed first, so
-    NaN or inf stored there never reaches an output or a gradient.
+    Key and value positions holding NaN or inf are zeroed first, and only the
+    queries that may attend to one of them get NaN outputs: NaN or inf stored
+    at a masked position (padding, an unwritten cache slot, a later token
+    under the causal mask) never reaches another output or a gradient.
 
     Args:
         query: `(..., T, Dq)`.
@@ -150,13 +169,13 @@ def attention(
     ((1, 2, 4), (1, 2, 3))
     """
     _validation.check_rate("dropout", dropout)
-    if mask is not None:
-        key = _zero_unreachable(key, mask)
-        value = _zero_unreachable(value, mask)
+    key, value, bad = sanitize_nonfinite(key, value)  # bad: (..., S)
     scores = scorer(query, key)  # (..., T, S)
     weights = normalize(scores, mask)  # (..., T, S)
     if training and dropout > 0.0:
         weights = keras.random.dropout(weights, dropout, seed=seed)
     weights = ops.cast(weights, value.dtype)
     output = ops.matmul(weights, value)  # (..., T, Dv)
+    visible = bad[..., None, :] if mask is None else ops.logical_and(mask, bad[..., None, :])
+    output = poison_outputs(output, ops.any(visible, axis=-1, keepdims=True))  # (..., T, 1)
     return output, weights

@@ -9,6 +9,7 @@ import keras
 from keras_attention import _validation
 from keras_attention import masking
 from keras_attention import scoring
+from keras_attention.layers import feed_forward
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
@@ -53,7 +54,8 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.num_heads = _validation.check_positive_int("num_heads", num_heads)
         self.dropout = _validation.check_rate("dropout", dropout)
-        self.activation = keras.activations.get(activation)
+        # FeedForward's resolver: it also knows "gelu_approximate" (GPT-2).
+        self.activation = feed_forward._get_activation(activation)
         if (
             isinstance(layer_norm_epsilon, bool)
             or not isinstance(layer_norm_epsilon, (int, float))
@@ -156,9 +158,14 @@ class TransformerBlock(keras.layers.Layer):
 
     def _norm(self, name):
         if self.normalization == "rms_norm":
-            return keras.layers.RMSNormalization(
+            norm = keras.layers.RMSNormalization(
                 epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
             )
+            # Position-wise, so a padding mask carries over; without this,
+            # Keras warns on every masked call that the norm "destroys the
+            # mask" (LayerNormalization already says it supports masking).
+            norm.supports_masking = True
+            return norm
         return keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
@@ -203,7 +210,7 @@ class TransformerBlock(keras.layers.Layer):
             "intermediate_dim": self.intermediate_dim,
             "num_heads": self.num_heads,
             "dropout": self.dropout,
-            "activation": keras.activations.serialize(self.activation),
+            "activation": feed_forward._serialize_activation(self.activation),
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
@@ -229,12 +236,23 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-def combined_padding_mask(sequence, padding_mask, name="padding_mask"):
+def combined_padding_mask(
+    sequence, padding_mask, name="padding_mask", sequence_name="inputs"
+):
     """The explicit padding mask AND the Keras mask of `sequence`."""
-    return masking.merge_masks(
-        masking.standardize_mask(padding_mask, name, ranks=(2,)),
-        masking.implicit_mask(sequence),
-    )
+    padding_mask = masking.standardize_mask(padding_mask, name, ranks=(2,))
+    if padding_mask is not None:
+        # Checked here, so that the message names the block's arguments
+        # rather than those of the attention layer it reaches.
+        for axis, what in ((0, "batch size"), (1, "length")):
+            _validation.check_same_dim(
+                name,
+                padding_mask.shape[axis],
+                sequence_name,
+                sequence.shape[axis],
+                what,
+            )
+    return masking.merge_masks(padding_mask, masking.implicit_mask(sequence))
 
 
 def as_tuple(outputs):

@@ -545,21 +545,31 @@ class MultiHeadAttention(keras.layers.Layer):
     def _fused_attention(self, q, k, v, mask, is_causal):
         """The backend kernel, with fully masked rows set to exactly 0."""
         scale = self.score.dot_product_scale(self.key_dim)
+        # NaN or inf in a key or value must not reach the queries that may
+        # not see it (0 * NaN is NaN): such positions are zeroed for the
+        # kernel, and only the queries that may see one get NaN back.
+        bad = attention_ops.nonfinite_positions(k, v)  # (B, S, G)
+        bad = ops.any(bad, axis=-1)  # (B, S)
+        k = ops.where(bad[:, :, None, None], ops.zeros_like(k), k)
+        v = ops.where(bad[:, :, None, None], ops.zeros_like(v), v)
         if mask is None:
-            return _dot_product_attention(q, k, v, None, scale, is_causal)
-        # Positions no query may see are zeroed, so that NaN or inf stored
-        # there cannot reach outputs or gradients (0 * NaN is NaN).
-        reachable = ops.any(ops.any(mask, axis=2), axis=1)  # (B|1, S)
-        reachable = reachable[:, :, None, None]  # (B|1, S, 1, 1)
-        k = ops.where(reachable, k, ops.zeros_like(k))
-        v = ops.where(reachable, v, ops.zeros_like(v))
+            output = _dot_product_attention(q, k, v, None, scale, is_causal)
+            visible = bad[:, None, :]  # (B, 1, S)
+            if is_causal:
+                causal = masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+                visible = ops.logical_and(visible, causal[None])  # (B, T, S)
+            sees_bad = ops.any(visible, axis=-1)[:, :, None, None]  # (B, T|1, 1, 1)
+            return attention_ops.poison_outputs(output, sees_bad)
         # Kernels give a fully masked row the mean of the values (or NaN);
         # such rows see every key inside the kernel and are zeroed after it.
         has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
         kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
         output = _dot_product_attention(q, k, v, kernel_mask, scale, False)
         has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
-        return ops.where(has_key, output, ops.zeros_like(output))
+        output = ops.where(has_key, output, ops.zeros_like(output))
+        visible = ops.logical_and(mask, bad[:, None, None, :])  # (B, H|1, T, S)
+        sees_bad = ops.any(visible, axis=-1, keepdims=True)  # (B, H|1, T, 1)
+        return attention_ops.poison_outputs(output, ops.transpose(sees_bad, (0, 2, 1, 3)))
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         width = self.output_shape[-1] if self.output_shape else query_shape[-1]

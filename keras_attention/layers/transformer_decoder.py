@@ -129,11 +129,17 @@ class TransformerDecoder(TransformerBlock):
                     f"Received: {name} with shape {tuple(cache.shape)}"
                 )
         decoder_padding_mask = combined_padding_mask(
-            decoder_sequence, decoder_padding_mask, "decoder_padding_mask"
+            decoder_sequence,
+            decoder_padding_mask,
+            "decoder_padding_mask",
+            "decoder_sequence",
         )
         if encoder_sequence is not None:
             encoder_padding_mask = combined_padding_mask(
-                encoder_sequence, encoder_padding_mask, "encoder_padding_mask"
+                encoder_sequence,
+                encoder_padding_mask,
+                "encoder_padding_mask",
+                "encoder_sequence",
             )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
         x = decoder_sequence

@@ -111,6 +111,15 @@ class TransformerDecoderBlock(TransformerBlock):
         self.cross_attention = None
         if encoder_sequence_shape is not None:
             self._check_inputs("encoder_sequence", encoder_sequence_shape)
+            # Checked here too: Keras builds before `call`, and the
+            # cross-attention's own check would name `query` and `value`.
+            _validation.check_same_dim(
+                "decoder_sequence",
+                decoder_sequence_shape[0],
+                "encoder_sequence",
+                encoder_sequence_shape[0],
+                "batch size",
+            )
             self.cross_attention = self._attention(
                 hidden_dim, "cross_attention", False, 2
             )
@@ -155,12 +164,18 @@ class TransformerDecoderBlock(TransformerBlock):
             cross_attention_cache_update_index,
         )
         decoder_padding_mask = combined_padding_mask(
-            decoder_sequence, decoder_padding_mask, "decoder_padding_mask"
+            decoder_sequence,
+            decoder_padding_mask,
+            "decoder_padding_mask",
+            "decoder_sequence",
         )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
         if encoder_sequence is not None:
             encoder_padding_mask = combined_padding_mask(
-                encoder_sequence, encoder_padding_mask, "encoder_padding_mask"
+                encoder_sequence,
+                encoder_padding_mask,
+                "encoder_padding_mask",
+                "encoder_sequence",
             )
         batch = ops.shape(decoder_sequence)[0]
 
