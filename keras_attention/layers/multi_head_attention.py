@@ -768,6 +768,13 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
         # multi-query attention (G = 1) fails there with a shape error.
         k = ops.repeat(k, q.shape[2], axis=2)  # (B, S, H, K)
         v = ops.repeat(v, q.shape[2], axis=2)  # (B, S, H, V)
+    if _needs_float32_kernel(q):
+        # XLA's CPU dot_general has no float16 x float16 -> float32 variant,
+        # which jax.nn.dot_product_attention asks for under jit.
+        dtype = q.dtype
+        q, k, v = (ops.cast(x, "float32") for x in (q, k, v))
+        output = _dot_product_attention(q, k, v, mask, scale, is_causal)
+        return ops.cast(output, dtype)
     chunk = _query_chunk_size(q, k)
     if chunk is None:
         return ops.dot_product_attention(
@@ -815,6 +822,17 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
         outputs, (batch, num_chunks * chunk, heads, v.shape[-1])
     )
     return outputs[:, :query_length]  # (B, T, H, V)
+
+
+def _needs_float32_kernel(q):
+    """float16 on JAX's CPU backend, which its kernel cannot run under jit."""
+    if keras.backend.backend() != "jax":
+        return False
+    if keras.backend.standardize_dtype(q.dtype) != "float16":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
 
 
 def _to_rank4(mask):

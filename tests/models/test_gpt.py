@@ -4,7 +4,10 @@ Shape legend: `B` batch, `T` length, `P` prompt length, `N` new tokens, `V`
 vocabulary size, `D` width.
 
 Most tests share one small model with random weights (`model`), which no test
-changes; the tests that train or change a model build their own.
+changes; the tests that train or change a model build their own. Reference
+passes run at one padded shape (`_forward`), so that JAX compiles its eager
+ops once, not once per length. The fresh-process load and the training step
+are marked slow.
 """
 
 import os
@@ -636,7 +639,7 @@ _FRESH_LOAD = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # a fresh process imports a backend: 10 to 30 s
+@pytest.mark.slow  # a fresh process imports a backend: 5 to 30 s
 def test_keras_file_round_trip_in_safe_mode(model, tmp_path):
     ids = _ids((FORWARD_BATCH, MAX_LENGTH), seed=15)
     path = str(tmp_path / "gpt.keras")
@@ -733,6 +736,7 @@ def _counting_dataset(batch=8, length=10, seed=0):
     return dataset.batch(batch)
 
 
+@pytest.mark.slow  # compiling the train step: 5 to 15 s
 def test_fit_on_tf_data_trains_every_weight_and_lowers_the_loss():
     pytest.importorskip("tensorflow")
     # With dropout, so that its seeds are part of the compiled train step.
