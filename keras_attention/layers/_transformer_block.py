@@ -236,6 +236,56 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
+class TransformerStack(TransformerBlock):
+    """Base of `TransformerEncoder` and `TransformerDecoder`: N blocks of
+    `block_class` with the stack's block arguments, then an optional norm."""
+
+    block_class = None
+
+    def __init__(
+        self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
+    ):
+        super().__init__(intermediate_dim, num_heads, **kwargs)
+        self.num_layers = _validation.check_positive_int("num_layers", num_layers)
+        if final_layer_norm is not None and not isinstance(final_layer_norm, bool):
+            raise ValueError(
+                "`final_layer_norm` must be None, True or False. Received: "
+                f"final_layer_norm={final_layer_norm!r}"
+            )
+        self.final_layer_norm = final_layer_norm
+
+    @property
+    def _has_final_norm(self):
+        if self.final_layer_norm is None:
+            return self.normalize_first
+        return self.final_layer_norm
+
+    def _build_blocks(self, *shapes):
+        """Creates and builds the blocks (block `i` seeded `seed + 10 i`) and
+        the final norm; `shapes` are the blocks' build arguments."""
+        arguments = self.block_arguments()
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = self.block_class(
+                **{**arguments, "seed": self._seed(10 * i)},
+                dtype=self.dtype_policy,
+                name=f"block_{i}",
+            )
+            block.build(*shapes)
+            self.blocks.append(block)
+        self.output_layer_norm = None
+        if self._has_final_norm:
+            self.output_layer_norm = self._norm("output_layer_norm")
+            self.output_layer_norm.build(shapes[0])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
+        )
+        return config
+
+
 def combined_padding_mask(
     sequence, padding_mask, name="padding_mask", sequence_name="inputs"
 ):

@@ -8,15 +8,14 @@ blocks.
 import keras
 from keras import ops
 
-from keras_attention import _validation
-from keras_attention.layers._transformer_block import TransformerBlock
+from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoder(TransformerBlock):
+class TransformerDecoder(TransformerStack):
     """`num_layers` `TransformerDecoderBlock`s, then an optional final norm.
 
     Each block has its own weights; masks reach every block, and every block
@@ -63,40 +62,11 @@ class TransformerDecoder(TransformerBlock):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    def __init__(
-        self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
-    ):
-        super().__init__(intermediate_dim, num_heads, **kwargs)
-        self.num_layers = _validation.check_positive_int("num_layers", num_layers)
-        if final_layer_norm is not None and not isinstance(final_layer_norm, bool):
-            raise ValueError(
-                "`final_layer_norm` must be None, True or False. Received: "
-                f"final_layer_norm={final_layer_norm!r}"
-            )
-        self.final_layer_norm = final_layer_norm
-
-    @property
-    def _has_final_norm(self):
-        if self.final_layer_norm is None:
-            return self.normalize_first
-        return self.final_layer_norm
+    block_class = TransformerDecoderBlock
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         self._check_inputs("decoder_sequence", decoder_sequence_shape)
-        arguments = self.block_arguments()
-        self.blocks = []
-        for i in range(self.num_layers):
-            block = TransformerDecoderBlock(
-                **{**arguments, "seed": self._seed(10 * i)},
-                dtype=self.dtype_policy,
-                name=f"block_{i}",
-            )
-            block.build(decoder_sequence_shape, encoder_sequence_shape)
-            self.blocks.append(block)
-        self.output_layer_norm = None
-        if self._has_final_norm:
-            self.output_layer_norm = self._norm("output_layer_norm")
-            self.output_layer_norm.build(decoder_sequence_shape)
+        self._build_blocks(decoder_sequence_shape, encoder_sequence_shape)
         self.built = True
 
     def call(
@@ -235,10 +205,3 @@ class TransformerDecoder(TransformerBlock):
             if cache is not None:
                 outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return outputs[0] if len(outputs) == 1 else outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
-        )
-        return config

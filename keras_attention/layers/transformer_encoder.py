@@ -5,16 +5,15 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 
 import keras
 
-from keras_attention import _validation
 from keras_attention import masking
-from keras_attention.layers._transformer_block import TransformerBlock
+from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoder(TransformerBlock):
+class TransformerEncoder(TransformerStack):
     """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
 
     The paper's encoder is a stack of N = 6 identical blocks. Each block has
@@ -58,40 +57,11 @@ class TransformerEncoder(TransformerBlock):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    def __init__(
-        self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
-    ):
-        super().__init__(intermediate_dim, num_heads, **kwargs)
-        self.num_layers = _validation.check_positive_int("num_layers", num_layers)
-        if final_layer_norm is not None and not isinstance(final_layer_norm, bool):
-            raise ValueError(
-                "`final_layer_norm` must be None, True or False. Received: "
-                f"final_layer_norm={final_layer_norm!r}"
-            )
-        self.final_layer_norm = final_layer_norm
-
-    @property
-    def _has_final_norm(self):
-        if self.final_layer_norm is None:
-            return self.normalize_first
-        return self.final_layer_norm
+    block_class = TransformerEncoderBlock
 
     def build(self, inputs_shape):
         self._check_inputs("inputs", inputs_shape)
-        arguments = self.block_arguments()
-        self.blocks = []
-        for i in range(self.num_layers):
-            block = TransformerEncoderBlock(
-                **{**arguments, "seed": self._seed(10 * i)},
-                dtype=self.dtype_policy,
-                name=f"block_{i}",
-            )
-            block.build(inputs_shape)
-            self.blocks.append(block)
-        self.output_layer_norm = None
-        if self._has_final_norm:
-            self.output_layer_norm = self._norm("output_layer_norm")
-            self.output_layer_norm.build(inputs_shape)
+        self._build_blocks(inputs_shape)
         self.built = True
 
     def call(
@@ -142,10 +112,3 @@ class TransformerEncoder(TransformerBlock):
             for _ in range(self.num_layers)
         ]
         return output, weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
-        )
-        return config
