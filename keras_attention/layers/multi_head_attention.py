@@ -6,6 +6,7 @@ head size, `V` value head size, `D` model width, `O` output width.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention import _validation
@@ -165,9 +166,12 @@ class MultiHeadAttention(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.output_shape = _standardize_output_shape(output_shape)
         self.fused = bool(fused)
-        # Self-attention projections as one matmul (part of the fused path);
-        # benchmarks/mha_speed.py switches it off to measure what it brings.
-        self.fuse_projections = True
+        # Self-attention projections as one matmul (part of the fused path):
+        # faster on TensorFlow only. XLA runs three projections faster (the
+        # backward pass especially) and on torch three GEMMs with the bias
+        # inside beat one whose gradient must be concatenated
+        # (benchmarks/README.md); benchmarks/mha_speed.py toggles it.
+        self.fuse_projections = keras.backend.backend() == "tensorflow"
         self.seed = _validation.check_seed("seed", seed)
         self.score = scoring.get(score, dtype=self.dtype_policy)
         if isinstance(rotary_embedding, dict):
@@ -329,7 +333,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if self._fuses_projections(query, value, key) and not reads_cache:
             q, k, v = self._project_self(query)
         else:
-            q = self.query_dense(query)  # (B, T, H, K)
+            q = self._project(self.query_dense, query)  # (B, T, H, K)
             if not reads_cache:
                 k, v = self._project_key_value(query, value, key)
         if self.rotary_embedding is not None:
@@ -399,7 +403,7 @@ class MultiHeadAttention(keras.layers.Layer):
             output, scores = self._explicit_attention(q, k, v, mask, training)
         if self._attention_recorder is not None:
             self._record(q, k, v, mask, scores, causal_flag)
-        output = self.output_dense(output)  # (B, T, O)
+        output = self._project(self.output_dense, output)  # (B, T, O)
 
         outputs = (output,)
         if return_attention_scores:
@@ -438,10 +442,10 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel = ops.concatenate(
             [ops.reshape(d.kernel, (width, -1)) for d in denses], axis=1
         )  # (D, N)
-        qkv = ops.matmul(x, ops.cast(kernel, x.dtype))  # (B, T, N)
+        bias = None
         if self.use_bias:
             bias = ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses])
-            qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # (B, T, N)
+        qkv = _linear(x, kernel, bias)  # (B, T, N)
         heads, kv_heads = self.num_heads, self._kv_heads
         q_size, k_size = heads * self.key_dim, kv_heads * self.key_dim
         q, k, v = ops.split(qkv, [q_size, q_size + k_size], axis=-1)
@@ -483,10 +487,36 @@ class MultiHeadAttention(keras.layers.Layer):
             k = self.rotary_embedding(k, start_index=0)
         return ops.stack([k, v], axis=1)  # (B, 2, S, G, K)
 
+    def _project(self, dense, x):
+        """A projection layer's call; on torch one GEMM with its bias.
+
+        `EinsumDense` runs an einsum and then adds the bias as a separate
+        pass; `torch.nn.functional.linear` adds it inside the GEMM.
+        """
+        if (
+            keras.backend.backend() != "torch"
+            or dense.quantization_mode is not None
+            or dense.lora_enabled
+            or dense is self.output_dense
+            and self.output_shape is not None
+            and len(self.output_shape) != 1
+        ):
+            return dense(x)
+        x = ops.convert_to_tensor(x)
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        if dense is self.output_dense:  # (B, T, H, V) -> (B, T, O)
+            x = ops.reshape(x, (batch, length, -1))  # (B, T, H V)
+        kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))  # (D, N)
+        bias = ops.reshape(dense.bias, (-1,)) if self.use_bias else None  # (N,)
+        output = _linear(x, kernel, bias)
+        if dense is self.output_dense:
+            return output
+        return ops.reshape(output, (batch, length) + tuple(dense.kernel.shape[1:]))
+
     def _project_key_value(self, query, value, key):
         key = value if key is None else key
-        k = self.key_dense(key)  # (B, S, G, K)
-        v = self.value_dense(value)  # (B, S, G, V)
+        k = self._project(self.key_dense, key)  # (B, S, G, K)
+        v = self._project(self.value_dense, value)  # (B, S, G, V)
         return k, v
 
     def _check_cache(self, cache, cache_update_index, query_length):
@@ -543,33 +573,41 @@ class MultiHeadAttention(keras.layers.Layer):
         return ops.transpose(output, (0, 2, 1, 3)), weights  # (B, T, H, V)
 
     def _fused_attention(self, q, k, v, mask, is_causal):
-        """The backend kernel, with fully masked rows set to exactly 0."""
+        """The backend kernel, with fully masked rows set to exactly 0.
+
+        NaN or inf in a key or value must reach only the queries that may see
+        it, but inside a kernel `0 * NaN` is NaN, so a masked one can leak. A
+        finite output proves nothing leaked (a leak makes NaN), so the plain
+        kernel's output is kept when it is finite, and only otherwise is the
+        attention recomputed with such positions zeroed and NaN given back to
+        the queries that may see one: the check costs one reduction over the
+        output instead of passes over every key and value.
+        """
         scale = self.score.dot_product_scale(self.key_dim)
-        # NaN or inf in a key or value must not reach the queries that may
-        # not see it (0 * NaN is NaN): such positions are zeroed for the
-        # kernel, and only the queries that may see one get NaN back.
-        bad = attention_ops.nonfinite_positions(k, v)  # (B, S, G)
-        bad = ops.any(bad, axis=-1)  # (B, S)
-        k = ops.where(bad[:, :, None, None], ops.zeros_like(k), k)
-        v = ops.where(bad[:, :, None, None], ops.zeros_like(v), v)
-        if mask is None:
-            output = _dot_product_attention(q, k, v, None, scale, is_causal)
-            visible = bad[:, None, :]  # (B, 1, S)
-            if is_causal:
-                causal = masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
-                visible = ops.logical_and(visible, causal[None])  # (B, T, S)
-            sees_bad = ops.any(visible, axis=-1)[:, :, None, None]  # (B, T|1, 1, 1)
+
+        def recompute():
+            clean_k, clean_v, bad = attention_ops.sanitize_nonfinite(k, v)
+            bad = ops.any(bad, axis=-1)  # (B, S)
+            output = _masked_kernel(q, clean_k, clean_v, mask, scale, is_causal)
+            if mask is None:
+                visible = bad[:, None, :]  # (B, 1, S)
+                if is_causal:
+                    causal = masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+                    visible = ops.logical_and(visible, causal[None])  # (B, T, S)
+                sees_bad = ops.any(visible, axis=-1)[:, :, None, None]  # (B, T|1, 1, 1)
+            else:
+                visible = ops.logical_and(mask, bad[:, None, None, :])  # (B, H|1, T, S)
+                sees_bad = ops.any(visible, axis=-1, keepdims=True)  # (B, H|1, T, 1)
+                sees_bad = ops.transpose(sees_bad, (0, 2, 1, 3))  # (B, T, H|1, 1)
             return attention_ops.poison_outputs(output, sees_bad)
-        # Kernels give a fully masked row the mean of the values (or NaN);
-        # such rows see every key inside the kernel and are zeroed after it.
-        has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
-        kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
-        output = _dot_product_attention(q, k, v, kernel_mask, scale, False)
-        has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
-        output = ops.where(has_key, output, ops.zeros_like(output))
-        visible = ops.logical_and(mask, bad[:, None, None, :])  # (B, H|1, T, S)
-        sees_bad = ops.any(visible, axis=-1, keepdims=True)  # (B, H|1, T, 1)
-        return attention_ops.poison_outputs(output, ops.transpose(sees_bad, (0, 2, 1, 3)))
+
+        if keras.backend.backend() == "jax":
+            # XLA fuses the zeroing into neighbouring operations, while a
+            # `cond` would stop fusion across it and keep both branches'
+            # residuals for the backward pass (measured slower).
+            return recompute()
+        output = _masked_kernel(q, k, v, mask, scale, is_causal)
+        return _unless_nonfinite(output, recompute)
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         width = self.output_shape[-1] if self.output_shape else query_shape[-1]
@@ -777,6 +815,8 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
         return ops.cast(output, dtype)
     chunk = _query_chunk_size(q, k)
     if chunk is None:
+        if _takes_blocked_kernel(q, k, is_causal):
+            return _blocked_attention(q, k, v, mask, scale, is_causal)
         return ops.dot_product_attention(
             q, k, v, mask=mask, scale=scale, is_causal=is_causal
         )  # (B, T, H, V)
@@ -822,6 +862,152 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
         outputs, (batch, num_chunks * chunk, heads, v.shape[-1])
     )
     return outputs[:, :query_length]  # (B, T, H, V)
+
+
+# TensorFlow and JAX run `_blocked_attention` instead of Keras's kernel: the
+# causal mask then skips the key blocks no query of a block may see, in
+# blocks of `_CAUSAL_BLOCK` queries (at most `_MAX_CAUSAL_BLOCKS` of them).
+_BLOCKED_BACKENDS = ("tensorflow", "jax")
+_CAUSAL_BLOCK = 128
+_MAX_CAUSAL_BLOCKS = 8
+
+
+def _takes_blocked_kernel(q, k, is_causal):
+    """Static lengths on TensorFlow, causal ones on JAX; never on torch.
+
+    Torch keeps its fused C++ kernel. On JAX, Keras's kernel is as fast
+    without the causal flag (its backward pass faster), so only the causal
+    flag, where blocks skip work, takes `_blocked_attention`.
+    """
+    backend = keras.backend.backend()
+    if backend not in _BLOCKED_BACKENDS or (backend == "jax" and not is_causal):
+        return False
+    return q.shape[1] is not None and k.shape[1] is not None
+
+
+def _causal_blocks(query_length, key_length):
+    """`(start, stop)` query ranges; one range when blocking saves nothing."""
+    if key_length < query_length:
+        return [(0, query_length)]
+    count = min(query_length // _CAUSAL_BLOCK, _MAX_CAUSAL_BLOCKS)
+    if count < 2:
+        return [(0, query_length)]
+    bounds = [round(i * query_length / count) for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _blocked_attention(q, k, v, mask, scale, is_causal):
+    """Scaled dot-product attention, skipping the keys a causal block cannot see.
+
+    The textbook computation (`softmax(q k^T * scale) v`, the softmax in at
+    least float32) with the scale applied to the queries (`T K` products
+    instead of `T S`) and the heads laid out for plain batched matmuls:
+    queries `(B, G, R T, K)` against keys `(B, G, S, K)`, `R = H / G` query
+    heads per key/value head, so grouped-query attention repeats nothing.
+    With the causal flag, the queries are split into blocks and a block
+    `[a, b)` attends only to the keys `[0, offset + b)` (bottom-right
+    alignment, `offset = S - T`): the scores above the diagonal blocks are
+    never computed, which saves up to half of the attention's work.
+
+    Every row must see at least one key (the callers make fully masked rows
+    see every key and zero them afterwards).
+    """
+    _, query_length, heads, head_dim = q.shape
+    key_length, groups = k.shape[1], k.shape[2]
+    ratio = heads // groups
+    value_dim = v.shape[-1]
+    q = ops.multiply(q, ops.cast(scale, q.dtype))
+    q = ops.reshape(q, (-1, query_length, groups, ratio, head_dim))
+    q = ops.transpose(q, (0, 2, 3, 1, 4))  # (B, G, R, T, K)
+    k = ops.transpose(k, (0, 2, 1, 3))  # (B, G, S, K)
+    v = ops.transpose(v, (0, 2, 1, 3))  # (B, G, S, V)
+    if mask is not None:  # (B|1, H|1, T, S) -> (B|1, G|1, R|1, T, S)
+        mask_heads = mask.shape[1]
+        mask = ops.reshape(
+            mask,
+            (-1, groups if mask_heads > 1 else 1, ratio if mask_heads > 1 else 1)
+            + tuple(mask.shape[2:]),
+        )
+    offset = key_length - query_length
+    if is_causal:
+        blocks = _causal_blocks(query_length, key_length)
+    else:
+        blocks = [(0, query_length)]
+    outputs = []
+    for start, stop in blocks:
+        length = stop - start
+        end = min(key_length, offset + stop) if is_causal else key_length
+        q_block = q if len(blocks) == 1 else q[:, :, :, start:stop]
+        q_block = ops.reshape(q_block, (-1, groups, ratio * length, head_dim))
+        k_block = k if end == key_length else k[:, :, :end]
+        v_block = v if end == key_length else v[:, :, :end]
+        scores = ops.einsum("bgqk,bgsk->bgqs", q_block, k_block)
+        scores = ops.reshape(scores, (-1, groups, ratio, length, end))
+        dtype = keras.backend.result_type(scores.dtype, "float32")
+        scores = ops.cast(scores, dtype)  # (B, G, R, C, S')
+        allowed = None
+        if is_causal:
+            positions = np.arange(start, stop)[:, None] + offset
+            allowed = ops.convert_to_tensor(positions >= np.arange(end)[None])
+        if mask is not None:
+            rows = slice(None) if mask.shape[-2] == 1 else slice(start, stop)
+            columns = slice(None) if mask.shape[-1] == 1 else slice(0, end)
+            mask_block = mask[..., rows, columns]
+            allowed = mask_block if allowed is None else ops.logical_and(
+                mask_block, allowed
+            )
+        if allowed is not None:
+            scores = ops.where(allowed, scores, float("-inf"))
+        probs = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
+        probs = ops.reshape(probs, (-1, groups, ratio * length, end))
+        output = ops.einsum("bgqs,bgsv->bgqv", probs, v_block)
+        outputs.append(ops.reshape(output, (-1, groups, ratio, length, value_dim)))
+    output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=3)
+    output = ops.transpose(output, (0, 3, 1, 2, 4))  # (B, T, G, R, V)
+    return ops.reshape(output, (-1, query_length, heads, value_dim))
+
+
+def _linear(x, kernel, bias):
+    """`x @ kernel + bias` in the input's dtype; torch adds the bias in the GEMM."""
+    kernel = ops.cast(kernel, x.dtype)
+    bias = None if bias is None else ops.cast(bias, x.dtype)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        return torch.nn.functional.linear(x, kernel.T, bias)
+    output = ops.matmul(x, kernel)
+    return output if bias is None else ops.add(output, bias)
+
+
+def _masked_kernel(q, k, v, mask, scale, is_causal):
+    """The kernel with a boolean mask; fully masked rows come out as 0."""
+    if mask is None:
+        return _dot_product_attention(q, k, v, None, scale, is_causal)
+    # Kernels give a fully masked row the mean of the values (or NaN); such
+    # rows see every key inside the kernel and are zeroed after it.
+    has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
+    kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
+    output = _dot_product_attention(q, k, v, kernel_mask, scale, False)
+    has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
+    return ops.where(has_key, output, ops.zeros_like(output))
+
+
+def _unless_nonfinite(output, recompute):
+    """`output` if it is all finite, else `recompute()` (same shape and dtype).
+
+    A branch that runs only one side: a Python `if` on eager torch, `cond`
+    under TensorFlow tracing (the graph holds both and runs one).
+    """
+    # One summing pass: NaN and inf survive a sum (a finite sum too large for
+    # float32 only means a needless recomputation).
+    finite = ops.isfinite(ops.sum(ops.cast(output, "float32")))
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.compiler.is_compiling() or output.device.type == "meta":
+            return recompute()
+        return output if bool(finite) else recompute()
+    return ops.cond(finite, lambda: output, recompute)
 
 
 def _needs_float32_kernel(q):

@@ -883,6 +883,86 @@ def test_query_chunks_equal_one_block(monkeypatch, case, chunk):
     np.testing.assert_allclose(chunked, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_causal_blocks_cover_the_queries_once(monkeypatch):
+    monkeypatch.setattr(mha_module, "_CAUSAL_BLOCK", 4)
+    blocks = mha_module._causal_blocks(19, 19)
+    assert len(blocks) == 4 and blocks[0][0] == 0 and blocks[-1][1] == 19
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(blocks, blocks[1:]))
+    monkeypatch.setattr(mha_module, "_MAX_CAUSAL_BLOCKS", 3)
+    assert len(mha_module._causal_blocks(19, 19)) == 3
+    assert mha_module._causal_blocks(7, 19) == [(0, 7)]  # under two blocks
+    assert mha_module._causal_blocks(19, 7) == [(0, 19)]  # T > S: rows see nothing
+
+
+def _numpy_kernel(q, k, v, allowed, scale):
+    """softmax(q k^T scale) v per head in float64; `(B, T, H, K)` layout."""
+    serving = np.arange(q.shape[2]) // (q.shape[2] // k.shape[2])
+    k, v = k[:, :, serving].astype("float64"), v[:, :, serving].astype("float64")
+    scores = np.einsum("bthk,bshk->bhts", q.astype("float64"), k) * scale
+    scores = np.where(allowed, scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("bhts,bshk->bthk", weights, v)
+
+
+@pytest.mark.parametrize(
+    "t, s, groups, masked",
+    [(19, 19, 4, False), (13, 21, 2, True), (9, 9, 1, True), (1, 9, 2, True)],
+    ids=["self", "offset_gqa_mask", "mqa_mask", "one_query"],
+)
+def test_blocked_kernel_matches_numpy(monkeypatch, t, s, groups, masked):
+    # The kernel TensorFlow and JAX take (pure keras.ops, so it runs on every
+    # backend here): causal blocks of at least 3 queries, bottom-right
+    # aligned, with a per-head mask or one broadcast over the queries.
+    monkeypatch.setattr(mha_module, "_CAUSAL_BLOCK", 3)
+    rng = np.random.default_rng(11)
+    q = _normal((B, t, H, K), seed=1)
+    k, v = _normal((B, s, groups, K), seed=2), _normal((B, s, groups, K), seed=3)
+    for causal in (True, False):
+        allowed = np.ones((B, H, t, s), bool)
+        mask = None
+        if masked:
+            mask = rng.random((B, H, 1 if t == 1 else t, s)) > 0.4
+            mask[..., -1] = True  # every row sees a key
+            allowed &= mask
+        if causal:
+            allowed &= ref.causal_mask(t, s)
+        got = mha_module._blocked_attention(q, k, v, mask, 0.7, causal)
+        np.testing.assert_allclose(
+            harness.to_numpy(got),
+            _numpy_kernel(q, k, v, allowed, 0.7),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+@pytest.mark.parametrize("num_key_value_heads", [None, 2])
+def test_causal_self_attention_in_blocks_equals_explicit_path(
+    monkeypatch, num_key_value_heads
+):
+    monkeypatch.setattr(mha_module, "_CAUSAL_BLOCK", 4)
+    t = 19  # blocks of 5, 5, 5 and 4 queries
+    x = _normal((B, t, DQ), seed=5)
+    layer = _built(_mha(num_key_value_heads=num_key_value_heads), x, x)
+    explicit = _twin(layer, x, x, fused=False)
+    taken = []
+    original = mha_module._blocked_attention
+
+    def recording(q, k, v, mask, scale, is_causal):
+        taken.append((mask is None, is_causal))
+        return original(q, k, v, mask, scale, is_causal)
+
+    monkeypatch.setattr(mha_module, "_blocked_attention", recording)
+    got = _call(layer, x, x, use_causal_mask=True)
+    blocked = BACKEND in ("tensorflow", "jax")  # torch keeps its own kernel
+    assert taken == ([(True, True)] if blocked else [])
+    expected, _ = numpy_mha(layer, x, x, mask=ref.causal_mask(t, t))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    grads = gradients(lambda x: layer(x, x, use_causal_mask=True), [x])
+    want = gradients(lambda x: explicit(x, x, use_causal_mask=True), [x])
+    np.testing.assert_allclose(grads[0], want[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "policy, tolerance", [("mixed_float16", 2e-3), ("mixed_bfloat16", 2e-2)]
 )
@@ -1339,6 +1419,7 @@ def test_filled_cross_attention_cache_equals_uncached(num_key_value_heads):
 def test_self_attention_projections_fused_into_one_matmul(monkeypatch, kwargs):
     x = _normal((B, T, DQ), seed=3)
     fused = _built(_mha(**kwargs), x, x)
+    fused.fuse_projections = True  # the default on TensorFlow only
     split = _twin(fused, x, x)
     split.fuse_projections = False
     taken = []
