@@ -397,7 +397,9 @@ class MultiHeadAttention(keras.layers.Layer):
             mask = _to_rank4(mask)  # (B|1, H|1, T, S)
 
         if fused:
-            output = self._fused_attention(q, k, v, mask, causal_flag)
+            output = self._fused_attention(
+                q, k, v, mask, causal_flag, cached=cache is not None
+            )
             scores = None
         else:
             output, scores = self._explicit_attention(q, k, v, mask, training)
@@ -572,7 +574,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )  # (B, H, T, V), (B, H, T, S)
         return ops.transpose(output, (0, 2, 1, 3)), weights  # (B, T, H, V)
 
-    def _fused_attention(self, q, k, v, mask, is_causal):
+    def _fused_attention(self, q, k, v, mask, is_causal, cached=False):
         """The backend kernel, with fully masked rows set to exactly 0.
 
         NaN or inf in a key or value must reach only the queries that may see
@@ -584,6 +586,9 @@ class MultiHeadAttention(keras.layers.Layer):
         output instead of passes over every key and value.
         """
         scale = self.score.dot_product_scale(self.key_dim)
+        if mask is None and not is_causal:
+            # Every query sees every key: nothing is hidden, nothing can leak.
+            return _masked_kernel(q, k, v, mask, scale, is_causal)
 
         def recompute():
             clean_k, clean_v, bad = attention_ops.sanitize_nonfinite(k, v)
@@ -601,10 +606,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 sees_bad = ops.transpose(sees_bad, (0, 2, 1, 3))  # (B, T, H|1, 1)
             return attention_ops.poison_outputs(output, sees_bad)
 
-        if keras.backend.backend() == "jax":
+        if keras.backend.backend() == "jax" and not cached:
             # XLA fuses the zeroing into neighbouring operations, while a
             # `cond` would stop fusion across it and keep both branches'
-            # residuals for the backward pass (measured slower).
+            # residuals for the backward pass (measured slower). Attending to
+            # a cache (decoding, no backward pass) takes the `cond`: zeroing
+            # would read and write the whole cache at every step.
             return recompute()
         output = _masked_kernel(q, k, v, mask, scale, is_causal)
         return _unless_nonfinite(output, recompute)
@@ -873,16 +880,20 @@ _MAX_CAUSAL_BLOCKS = 8
 
 
 def _takes_blocked_kernel(q, k, is_causal):
-    """Static lengths on TensorFlow, causal ones on JAX; never on torch.
+    """Static lengths on TensorFlow; on JAX causal or short queries; not torch.
 
-    Torch keeps its fused C++ kernel. On JAX, Keras's kernel is as fast
-    without the causal flag (its backward pass faster), so only the causal
-    flag, where blocks skip work, takes `_blocked_attention`.
+    Torch keeps its fused C++ kernel. On JAX, Keras's kernel is as fast for
+    long queries without the causal flag (its backward pass faster), while
+    `_blocked_attention` wins with the causal flag (blocks skip work) and for
+    up to `_CAUSAL_BLOCK` queries (a decoding step attending to its cache
+    included).
     """
     backend = keras.backend.backend()
-    if backend not in _BLOCKED_BACKENDS or (backend == "jax" and not is_causal):
+    if backend not in _BLOCKED_BACKENDS:
         return False
-    return q.shape[1] is not None and k.shape[1] is not None
+    if q.shape[1] is None or k.shape[1] is None:
+        return False
+    return backend == "tensorflow" or is_causal or q.shape[1] <= _CAUSAL_BLOCK
 
 
 def _causal_blocks(query_length, key_length):

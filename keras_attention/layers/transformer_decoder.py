@@ -160,6 +160,40 @@ class TransformerDecoder(TransformerStack):
             outputs += (ops.stack(cross_caches, axis=1),)  # (B, N, 2, S, G, K)
         return outputs[0] if len(outputs) == 1 else outputs
 
+    def call_with_layer_caches(self, decoder_sequence, caches, cache_update_index):
+        """A cached decoder-only pass with one self-attention cache per block.
+
+        The same computation as `call` with a stacked `self_attention_cache`,
+        for decoding loops that carry the caches as a list: no block slices
+        its cache out of the stacked tensor and no new stacked tensor is
+        built, so each step writes only its new keys and values (a compiled
+        loop updates each cache in place).
+
+        Args:
+            decoder_sequence: `(B, T, D)`.
+            caches: a list of `num_layers` caches `(B, 2, L, G, K)`.
+            cache_update_index: int or scalar int tensor.
+
+        Returns:
+            `(output, caches)`: `(B, T, D)` and the list of updated caches.
+        """
+        if len(caches) != self.num_layers:
+            raise ValueError(
+                f"`caches` must hold one cache per block ({self.num_layers}). "
+                f"Received: {len(caches)} caches"
+            )
+        x, updated = decoder_sequence, []
+        for block, cache in zip(self.blocks, caches):
+            x, cache = block(
+                x,
+                self_attention_cache=cache,
+                self_attention_cache_update_index=cache_update_index,
+            )
+            updated.append(cache)
+        if self.output_layer_norm is not None:
+            x = self.output_layer_norm(x)
+        return x, updated
+
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
 

@@ -209,18 +209,22 @@ class GPT(keras.Model):
         )
         return self.embedding(x, reverse=True), cache  # (B, T, V)
 
+    def _call_with_layer_caches(self, token_ids, caches, cache_update_index):
+        """`call_with_cache` with a tuple of per-block caches `(B, 2, L, G, K)`."""
+        x = self.embedding(token_ids, start_index=cache_update_index)  # (B, T, D)
+        x, caches = self.decoder.call_with_layer_caches(
+            x, list(caches), cache_update_index
+        )
+        return self.embedding(x, reverse=True), tuple(caches)  # (B, T, V)
+
+    def _layer_cache_shape(self, batch_size, max_length):
+        heads = self.num_key_value_heads or self.num_heads
+        return (batch_size, 2, max_length, heads, self.hidden_dim // self.num_heads)
+
     def empty_cache(self, batch_size, max_length):
         """A zero KV cache `(B, N, 2, max_length, G, K)` for `call_with_cache`."""
-        heads = self.num_key_value_heads or self.num_heads
-        shape = (
-            batch_size,
-            self.num_layers,
-            2,
-            max_length,
-            heads,
-            self.hidden_dim // self.num_heads,
-        )
-        return ops.zeros(shape, dtype=self.compute_dtype)
+        shape = self._layer_cache_shape(batch_size, max_length)
+        return ops.zeros(shape[:1] + (self.num_layers,) + shape[1:], self.compute_dtype)
 
     def generate(
         self,
@@ -352,8 +356,13 @@ class GPT(keras.Model):
         """The decoding loop, in `keras.ops` (compiled by `_generate_function`)."""
         ids = ops.convert_to_tensor(ids, "int32")
         batch, total = ids.shape[0], ids.shape[1]
-        cache = self.empty_cache(batch, total)
-        logits, cache = self.call_with_cache(ids[:, :start], cache, 0)
+        # One cache per block, carried as a tuple: each step writes only its
+        # new keys and values instead of re-stacking every block's cache.
+        cache = tuple(
+            ops.zeros(self._layer_cache_shape(batch, total), self.compute_dtype)
+            for _ in range(self.num_layers)
+        )
+        logits, cache = self._call_with_layer_caches(ids[:, :start], cache, 0)
         next_logits = logits[:, -1]  # (B, V)
         done = ops.zeros((batch,), "bool")
         pad = ops.full((batch,), pad_token_id, "int32")
@@ -377,7 +386,7 @@ class GPT(keras.Model):
                 finished = ops.logical_or(finished, stopped)
             done = ops.logical_or(finished, i + 1 >= limits)
             ids = ops.slice_update(ids, (0, i), token[:, None])
-            logits, cache = self.call_with_cache(token[:, None], cache, i)
+            logits, cache = self._call_with_layer_caches(token[:, None], cache, i)
             return i + 1, ids, cache, logits[:, -1], done
 
         i = ops.convert_to_tensor(start, "int32")

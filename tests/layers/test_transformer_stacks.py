@@ -616,6 +616,33 @@ def test_cached_decoding_equals_full_pass(cross):
             )
 
 
+def test_layer_caches_equal_the_stacked_cache():
+    # `call_with_layer_caches` (one cache per block, for decoding loops) is
+    # the stacked-cache call without the slicing and re-stacking.
+    decoder = _decoder(
+        normalize_first=True, num_key_value_heads=2, use_rotary_embedding=True
+    )
+    x, _ = _inputs()
+    decoder.build((None, None, D))
+    randomize(decoder)
+    full = harness.to_numpy(decoder(x))
+    stacked = _stacked_cache(decoder, T + 2, fill=np.nan)
+    want, want_cache = decoder(
+        x[:, :3], self_attention_cache=stacked, self_attention_cache_update_index=0
+    )
+    caches = [stacked[:, i] for i in range(decoder.num_layers)]
+    got, caches = decoder.call_with_layer_caches(x[:, :3], caches, 0)
+    np.testing.assert_allclose(harness.to_numpy(got), harness.to_numpy(want), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(
+        np.stack([harness.to_numpy(c) for c in caches], axis=1), harness.to_numpy(want_cache)
+    )
+    for i in range(3, T):  # then token by token, against the full pass
+        got, caches = decoder.call_with_layer_caches(x[:, i : i + 1], caches, i)
+        np.testing.assert_allclose(harness.to_numpy(got)[:, 0], full[:, i], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"one cache per block \(2\)\. Received: 1"):
+        decoder.call_with_layer_caches(x[:, :1], caches[:1], 0)
+
+
 def test_symbolic_shapes_with_stacked_caches():
     decoder = _decoder(num_key_value_heads=2)
     output, self_weights, cross_weights, self_cache, cross_cache = decoder(
