@@ -33,9 +33,13 @@ class MultiHeadAttention(keras.layers.Layer):
     Two paths compute the same function:
 
     - the fused path, when the scorer is a (scaled) dot product: the backend's
-      `keras.ops.dot_product_attention` kernel (flash kernels where the
-      backend has them), with the query/key/value projections of
-      self-attention done as one matmul. Long sequences on backends without a
+      kernel the backend runs fastest: torch's fused
+      `scaled_dot_product_attention`; on TensorFlow (and on JAX for causal
+      or short queries) a blocked kernel that, with the causal mask, never
+      computes the scores of key blocks a query block cannot see; Keras's
+      `ops.dot_product_attention` otherwise. The projections are plain GEMMs
+      (one Q/K/V matmul for self-attention on TensorFlow, the bias inside
+      the GEMM on torch). Long sequences on backends without a
       memory-efficient kernel are processed in query chunks, so the full
       `(B, H, T, S)` score matrix is never held at once.
     - the explicit path, for every other scorer, for returned attention
