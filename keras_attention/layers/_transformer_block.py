@@ -196,7 +196,9 @@ class TransformerBlock(keras.layers.Layer):
         if self.normalize_first:
             x = norm(x)
         x, *extra = fn(x)
-        x = residual + dropout(x, training=training)
+        if dropout.rate > 0:  # rate 0 is the identity: no layer call (eager cost)
+            x = dropout(x, training=training)
+        x = residual + x
         if not self.normalize_first:
             x = norm(x)
         return x, extra

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers import _gemm
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -168,14 +169,15 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        hidden = self.intermediate_dense(inputs)  # (B, T, F)
+        hidden = _gemm.dense_call(self.intermediate_dense, inputs)  # (B, T, F)
         if self.gated:
-            gate = self.activation(self.gate_dense(inputs))  # (B, T, F)
+            gate = self.activation(_gemm.dense_call(self.gate_dense, inputs))  # (B, T, F)
             hidden = gate * hidden  # (B, T, F)
         else:
             hidden = self.activation(hidden)  # (B, T, F)
-        hidden = self.dropout_layer(hidden, training=training)
-        return self.output_dense(hidden)  # (B, T, O)
+        if self.dropout > 0:  # rate 0 is the identity: no layer call (eager cost)
+            hidden = self.dropout_layer(hidden, training=training)
+        return _gemm.dense_call(self.output_dense, hidden)  # (B, T, O)
 
     def compute_output_shape(self, inputs_shape):
         output_dim = self.output_dim or inputs_shape[-1]

@@ -13,6 +13,7 @@ from keras_attention import _validation
 from keras_attention import masking
 from keras_attention import ops as attention_ops
 from keras_attention import scoring
+from keras_attention.layers import _gemm
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -451,7 +452,7 @@ class MultiHeadAttention(keras.layers.Layer):
         bias = None
         if self.use_bias:
             bias = ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses])
-        qkv = _linear(x, kernel, bias)  # (B, T, N)
+        qkv = _gemm.linear(x, kernel, bias)  # (B, T, N)
         heads, kv_heads = self.num_heads, self._kv_heads
         q_size, k_size = heads * self.key_dim, kv_heads * self.key_dim
         q, k, v = ops.split(qkv, [q_size, q_size + k_size], axis=-1)
@@ -501,8 +502,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if (
             keras.backend.backend() != "torch"
-            or dense.quantization_mode is not None
-            or dense.lora_enabled
+            or not _gemm.is_plain(dense)
             or dense is self.output_dense
             and self.output_shape is not None
             and len(self.output_shape) != 1
@@ -514,7 +514,7 @@ class MultiHeadAttention(keras.layers.Layer):
             x = ops.reshape(x, (batch, length, -1))  # (B, T, H V)
         kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))  # (D, N)
         bias = ops.reshape(dense.bias, (-1,)) if self.use_bias else None  # (N,)
-        output = _linear(x, kernel, bias)
+        output = _gemm.linear(x, kernel, bias)
         if dense is self.output_dense:
             return output
         return ops.reshape(output, (batch, length) + tuple(dense.kernel.shape[1:]))
@@ -980,18 +980,6 @@ def _blocked_attention(q, k, v, mask, scale, is_causal):
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=3)
     output = ops.transpose(output, (0, 3, 1, 2, 4))  # (B, T, G, R, V)
     return ops.reshape(output, (-1, query_length, heads, value_dim))
-
-
-def _linear(x, kernel, bias):
-    """`x @ kernel + bias` in the input's dtype; torch adds the bias in the GEMM."""
-    kernel = ops.cast(kernel, x.dtype)
-    bias = None if bias is None else ops.cast(bias, x.dtype)
-    if keras.backend.backend() == "torch":
-        import torch
-
-        return torch.nn.functional.linear(x, kernel.T, bias)
-    output = ops.matmul(x, kernel)
-    return output if bias is None else ops.add(output, bias)
 
 
 def _masked_kernel(q, k, v, mask, scale, is_causal):
