@@ -22,15 +22,20 @@ def linear(x, kernel, bias):
     return output if bias is None else ops.add(output, bias)
 
 
-def is_plain(dense):
-    """Whether a projection's weights are plain float kernels (no quantization, no LoRA)."""
-    return dense.quantization_mode is None and not dense.lora_enabled
+def takes_linear(dense):
+    """Whether `dense` is better called as `linear`: on torch, with plain
+    float kernels (no quantization, no LoRA)."""
+    return (
+        keras.backend.backend() == "torch"
+        and dense.quantization_mode is None
+        and not dense.lora_enabled
+    )
 
 
 def dense_call(dense, x):
     """`dense(x)` for a built `keras.layers.Dense` without activation; on
     torch one `linear` call."""
-    if keras.backend.backend() != "torch" or not is_plain(dense):
+    if not takes_linear(dense):
         return dense(x)
     x = ops.convert_to_tensor(x, dense.compute_dtype)
     return linear(x, dense.kernel, dense.bias)

@@ -500,15 +500,13 @@ class MultiHeadAttention(keras.layers.Layer):
         `EinsumDense` runs an einsum and then adds the bias as a separate
         pass; `torch.nn.functional.linear` adds it inside the GEMM.
         """
-        if (
-            keras.backend.backend() != "torch"
-            or not _gemm.is_plain(dense)
-            or dense is self.output_dense
+        if not _gemm.takes_linear(dense) or (
+            dense is self.output_dense
             and self.output_shape is not None
             and len(self.output_shape) != 1
         ):
             return dense(x)
-        x = ops.convert_to_tensor(x)
+        x = ops.convert_to_tensor(x, dense.compute_dtype)  # as the layer casts
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         if dense is self.output_dense:  # (B, T, H, V) -> (B, T, O)
             x = ops.reshape(x, (batch, length, -1))  # (B, T, H V)
@@ -812,11 +810,6 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
     memory of the scores falls from `B H T S` to `B H C S`. `ops.map` runs the
     chunks one after the other (a scan under jit) and differentiates.
     """
-    if keras.backend.backend() == "tensorflow" and k.shape[2] == 1 < q.shape[2]:
-        # Keras's TensorFlow kernel repeats key/value heads only for G > 1:
-        # multi-query attention (G = 1) fails there with a shape error.
-        k = ops.repeat(k, q.shape[2], axis=2)  # (B, S, H, K)
-        v = ops.repeat(v, q.shape[2], axis=2)  # (B, S, H, V)
     if _needs_float32_kernel(q):
         # XLA's CPU dot_general has no float16 x float16 -> float32 variant,
         # which jax.nn.dot_product_attention asks for under jit.
@@ -825,9 +818,14 @@ def _dot_product_attention(q, k, v, mask, scale, is_causal):
         output = _dot_product_attention(q, k, v, mask, scale, is_causal)
         return ops.cast(output, dtype)
     chunk = _query_chunk_size(q, k)
+    if chunk is None and _takes_blocked_kernel(q, k, is_causal):
+        return _blocked_attention(q, k, v, mask, scale, is_causal)  # any G
+    if keras.backend.backend() == "tensorflow" and k.shape[2] == 1 < q.shape[2]:
+        # Keras's TensorFlow kernel repeats key/value heads only for G > 1:
+        # multi-query attention (G = 1) fails there with a shape error.
+        k = ops.repeat(k, q.shape[2], axis=2)  # (B, S, H, K)
+        v = ops.repeat(v, q.shape[2], axis=2)  # (B, S, H, V)
     if chunk is None:
-        if _takes_blocked_kernel(q, k, is_causal):
-            return _blocked_attention(q, k, v, mask, scale, is_causal)
         return ops.dot_product_attention(
             q, k, v, mask=mask, scale=scale, is_causal=is_causal
         )  # (B, T, H, V)
