@@ -16,6 +16,7 @@ from keras_attention.layers.token_and_position_embedding import (
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoder
 from keras_attention.models import _sampling
+from keras_attention.models import _torch_decoding
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -244,8 +245,8 @@ class GPT(keras.Model):
         The prompt is run once (prefill) and then one token per step reads and
         extends the cache, so a step costs the same at every length. The
         whole loop is compiled once per shape and sampling configuration
-        (`jax.jit` on JAX, `tf.function` on TensorFlow; torch runs it eagerly
-        without autograd).
+        (`jax.jit` on JAX, `tf.function` with XLA on TensorFlow; torch runs it
+        eagerly without autograd, each step in plain torch operations).
 
         Args:
             prompt_ids: int `(B, P)` prompts.
@@ -351,9 +352,14 @@ class GPT(keras.Model):
 
     def _decode_loop(
         self, ids, in_prompt, limits, seed, temperature, top_p, *, sampling, top_k,
-        stop, pad_token_id, start,
+        stop, pad_token_id, start, step=None,
     ):
-        """The decoding loop, in `keras.ops` (compiled by `_generate_function`)."""
+        """The decoding loop, in `keras.ops` (compiled by `_generate_function`).
+
+        `step(token_ids, caches, index)` runs one token through the model
+        (default: `_call_with_layer_caches`, the Keras layers).
+        """
+        step = step or self._call_with_layer_caches
         ids = ops.convert_to_tensor(ids, "int32")
         batch, total = ids.shape[0], ids.shape[1]
         # One cache per block, carried as a tuple: each step writes only its
@@ -386,7 +392,7 @@ class GPT(keras.Model):
                 finished = ops.logical_or(finished, stopped)
             done = ops.logical_or(finished, i + 1 >= limits)
             ids = ops.slice_update(ids, (0, i), token[:, None])
-            logits, cache = self._call_with_layer_caches(token[:, None], cache, i)
+            logits, cache = step(token[:, None], cache, i)
             return i + 1, ids, cache, logits[:, -1], done
 
         i = ops.convert_to_tensor(start, "int32")
@@ -423,14 +429,21 @@ class GPT(keras.Model):
         elif backend == "tensorflow":
             import tensorflow as tf
 
-            function = tf.function(lambda *args: self._decode_loop(*args, **options))
+            # XLA fuses a step's few hundred small ops: without it the graph
+            # executor's per-op overhead is most of a step on a CPU.
+            function = tf.function(
+                lambda *args: self._decode_loop(*args, **options), jit_compile=True
+            )
         else:
             import torch
 
             def function(*args):
                 with torch.no_grad():
                     args = [ops.convert_to_tensor(a) for a in args]
-                    return self._decode_loop(*args, **options)
+                    # Eager steps through the layers are mostly Keras's call
+                    # machinery: the same arithmetic in torch, where it can.
+                    step = _torch_decoding.step_for(self)
+                    return self._decode_loop(*args, step=step, **options)
 
         self._generate_functions[key] = function
         return function

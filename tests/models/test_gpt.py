@@ -23,6 +23,7 @@ import pytest
 import harness
 import keras_attention
 from keras_attention.models import GPT
+from keras_attention.models import _torch_decoding
 
 BACKEND = keras.backend.backend()
 V, MAX_LENGTH = 37, 24
@@ -516,6 +517,82 @@ def test_generation_compiles_once_per_shape(sampled, sampler):
         assert traces == 4
     else:
         assert traces == 1
+
+
+# Torch decodes in plain torch operations (`_torch_decoding`); elsewhere, and
+# for what that step cannot read, the Keras layers run every step.
+
+OTHER_BLOCKS = dict(
+    num_heads=4, num_key_value_heads=2, use_bias=False, activation="relu",
+    layer_norm_epsilon=1e-3,
+)
+
+
+@pytest.mark.parametrize(
+    "kwargs, policy, tolerance",
+    [
+        ({}, "float32", 1e-5),
+        (OTHER_BLOCKS, "float32", 1e-5),
+        ({}, "mixed_bfloat16", 0.05),
+        (OTHER_BLOCKS, "mixed_float16", 0.01),
+    ],
+    ids=["defaults", "gqa_no_bias_relu", "bfloat16", "float16_gqa"],
+)
+def test_decoding_step_equals_the_layers(kwargs, policy, tolerance):
+    """One cached step, torch's step against the layers: the same logits and
+    the same keys and values written at the same position of each cache."""
+    model = _small_gpt(seed=4, dtype=policy, **kwargs)
+    step = _torch_decoding.step_for(model)
+    if BACKEND != "torch":
+        assert step is None  # the layers decode
+        return
+    ids = _ids((2, 7), seed=17)
+    empty = [
+        keras.ops.zeros(model._layer_cache_shape(2, MAX_LENGTH), model.compute_dtype)
+        for _ in range(model.num_layers)
+    ]
+    _, prefilled = model._call_with_layer_caches(ids[:, :6], empty, 0)
+    token = keras.ops.convert_to_tensor(ids[:, 6:])
+    expected, expected_caches = model._call_with_layer_caches(
+        token, [keras.ops.copy(c) for c in prefilled], 6
+    )
+    got, got_caches = step(token, tuple(keras.ops.copy(c) for c in prefilled), 6)
+    assert got.dtype == expected.dtype and tuple(got.shape) == (2, 1, V)
+    got, expected = harness.to_numpy(got), harness.to_numpy(expected)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, atol=tolerance * scale, rtol=0)
+    for mine, theirs in zip(got_caches, expected_caches):
+        mine, theirs = harness.to_numpy(mine), harness.to_numpy(theirs)
+        np.testing.assert_allclose(
+            mine, theirs, atol=tolerance * np.abs(theirs).max(), rtol=0
+        )
+        assert np.all(mine[:, :, 7:] == 0)  # nothing written past the step
+
+
+def test_generation_with_other_blocks_equals_recomputing():
+    """Grouped-query attention, no biases, ReLU: the whole loop as well."""
+    model = _small_gpt(seed=5, **OTHER_BLOCKS)
+    prompt = _ids((2, 5), seed=18)
+    np.testing.assert_array_equal(
+        model.generate(prompt, max_new_tokens=8), _greedy_reference(model, prompt, 8)
+    )
+
+
+def test_lora_kernels_decode_through_the_layers():
+    """A LoRA kernel is not a plain weight: the layers decode, and the
+    adapter's contribution is in every step."""
+    model = _small_gpt(seed=6)
+    attention = model.decoder.blocks[1].self_attention
+    attention.value_dense.enable_lora(2)
+    rng = np.random.default_rng(0)
+    for variable in (attention.value_dense.lora_kernel_a, attention.value_dense.lora_kernel_b):
+        variable.assign(rng.normal(size=variable.shape).astype("float32"))
+    assert _torch_decoding.step_for(model) is None
+    prompt = _ids((2, 5), seed=19)
+    out = model.generate(prompt, max_new_tokens=8)
+    np.testing.assert_array_equal(out, _greedy_reference(model, prompt, 8))
+    attention.value_dense.lora_kernel_b.assign(np.zeros(attention.value_dense.lora_kernel_b.shape, "float32"))
+    assert not np.array_equal(model.generate(prompt, max_new_tokens=8), out)
 
 
 # Errors.
