@@ -8,7 +8,8 @@ One process per backend (Keras fixes its backend at import). In each:
   examples/gpt_lm: 4 layers, 4 heads, width 128, context 64, batch 12,
   65 tokens), alternating A B A B in rounds of `--train-steps` steps;
 - decoding: seconds per new token of `GPT.generate` (KV cache, compiled loop)
-  and `GPT2CausalLM.generate` (greedy sampler, its cache), batch 1, a prompt
+  and `GPT2CausalLM.generate` (greedy sampler, its cache; on TensorFlow also
+  with XLA forced on, as `GPT.generate` compiles), batch 1, a prompt
   of 16 tokens, at several total lengths, alternating likewise. Time per
   token flat in the length means the cache works: no step recomputes the
   prefix.
@@ -110,6 +111,12 @@ def worker(args):
     )
     theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     theirs.compile(sampler="greedy")
+    # Keras turns XLA off on CPU-only TensorFlow; GPT.generate compiles its
+    # loop with XLA, so KerasHub's is also timed with XLA forced on.
+    theirs_xla = None
+    if backend == "tensorflow":
+        theirs_xla = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+        theirs_xla.compile(sampler="greedy", jit_compile=True)
     ours = GPT.from_keras_hub(backbone)
     for length in lengths:
         new = length - prompt_length
@@ -122,14 +129,15 @@ def worker(args):
         def our_generate(prompt=prompt, new=new):
             ours.generate(prompt, new)
 
-        def their_generate(padded=padded, mask=mask):
-            theirs.generate(
+        def their_generate(model, padded=padded, mask=mask):
+            return lambda: model.generate(
                 {"token_ids": padded, "padding_mask": mask}, stop_token_ids=None
             )
 
-        medians = _interleaved(
-            {"ours": our_generate, "keras_hub": their_generate}, args.repeats
-        )
+        runners = {"ours": our_generate, "keras_hub": their_generate(theirs)}
+        if theirs_xla is not None:
+            runners["keras_hub_xla"] = their_generate(theirs_xla)
+        medians = _interleaved(runners, args.repeats)
         print(
             json.dumps(
                 {
@@ -138,6 +146,11 @@ def worker(args):
                     "length": length,
                     "ms_per_token": {n: 1e3 * m / new for n, m in medians.items()},
                     "ratio": medians["keras_hub"] / medians["ours"],
+                    "ratio_xla": (
+                        medians["keras_hub_xla"] / medians["ours"]
+                        if "keras_hub_xla" in medians
+                        else None
+                    ),
                 }
             ),
             flush=True,
@@ -177,10 +190,16 @@ def main():
                 )
             else:
                 m = row["ms_per_token"]
+                xla = ""
+                if row["ratio_xla"] is not None:
+                    xla = (
+                        f"  keras_hub+XLA {m['keras_hub_xla']:>7.2f}  "
+                        f"ratio {row['ratio_xla']:.2f}"
+                    )
                 print(
                     f"{backend:<11} decode  length {row['length']:>4}  ms/token ours "
                     f"{m['ours']:>7.2f}  keras_hub {m['keras_hub']:>7.2f}  "
-                    f"ratio {row['ratio']:.2f}",
+                    f"ratio {row['ratio']:.2f}{xla}",
                     flush=True,
                 )
         if proc.wait() != 0:
