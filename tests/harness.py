@@ -13,9 +13,19 @@ the current backend:
   compute dtype, and the variables stay float32.
 """
 
+import importlib.util
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
 import keras
 import numpy as np
 from keras import ops
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def to_numpy(x):
@@ -23,6 +33,85 @@ def to_numpy(x):
     if isinstance(x, (tuple, list)):
         return type(x)(to_numpy(t) for t in x)
     return np.asarray(ops.convert_to_numpy(x))
+
+
+def variable_gradients(loss_fn, variables, jit=False):
+    """Gradients of the scalar `loss_fn()` w.r.t. Keras `variables`, as numpy.
+
+    Uses the backend's own autodiff, so what is checked is what training
+    sees; a variable the loss does not use gets zeros. `jit=True` compiles
+    the gradient as a whole on JAX (one compilation instead of one per
+    primitive: faster for a computation that runs once).
+    """
+    values = [v.value for v in variables]
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn()
+        grads = tape.gradient(loss, values)
+    elif backend == "jax":
+        import jax
+
+        def loss(values):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return loss_fn()
+
+        grad = jax.grad(loss)
+        grads = (jax.jit(grad) if jit else grad)(values)
+    else:
+        import torch
+
+        grads = torch.autograd.grad(loss_fn(), values, allow_unused=True)
+    return [
+        np.zeros(v.shape, "float32") if g is None else to_numpy(g)
+        for g, v in zip(grads, variables)
+    ]
+
+
+def input_gradients(fn, inputs, cotangent, jit=False):
+    """Gradients of `sum(fn(*inputs) * cotangent)` w.r.t. every input, as numpy.
+
+    Uses the backend's own autodiff. `cotangent` is an array, or a function
+    of the output's shape that makes one. `jit=True` compiles the gradient
+    as a whole on JAX.
+    """
+    backend = keras.backend.backend()
+
+    def weights(out):
+        value = cotangent(tuple(out.shape)) if callable(cotangent) else cotangent
+        return np.asarray(value, "float32")
+
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        xs = [tf.constant(x) for x in inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            out = tf.cast(fn(*xs), "float32")
+            loss = tf.reduce_sum(out * weights(out))
+        grads = tape.gradient(loss, xs)
+    elif backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        xs = [jnp.asarray(x) for x in inputs]
+        cotangent_value = weights(jax.eval_shape(fn, *xs))
+
+        def loss(*xs):
+            return jnp.sum(fn(*xs).astype("float32") * cotangent_value)
+
+        grad = jax.grad(loss, argnums=tuple(range(len(xs))))
+        grads = (jax.jit(grad) if jit else grad)(*xs)
+    else:
+        import torch
+
+        xs = [ops.convert_to_tensor(x).detach().requires_grad_(True) for x in inputs]
+        out = fn(*xs).float()
+        loss = torch.sum(out * torch.as_tensor(weights(out), device=out.device))
+        grads = torch.autograd.grad(loss, xs)
+    return [to_numpy(g) for g in grads]
 
 
 def _flat(outputs):
@@ -121,3 +210,42 @@ def run_layer_test(
             for w in mixed.weights:
                 assert keras.backend.standardize_dtype(w.dtype) == "float32"
     return layer
+
+
+def load_module(path, name):
+    """Imports the file `path` (an example's module) as a module `name`;
+    its folder is importable while it loads (for its sibling modules)."""
+    folder = str(pathlib.Path(path).parent)
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
+def run_script(path, *args, env=None):
+    """Runs the script `path` with `args` in a subprocess from the repository
+    root, on the current backend; asserts that it succeeds and returns its
+    stdout lines."""
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **(env or {}))
+    result = subprocess.run(
+        [sys.executable, str(path), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result.stdout.strip().splitlines()
+
+
+def last_line_value(lines, name):
+    """The value of a last line `<name>: <value>`, a finite number, as printed."""
+    match = re.fullmatch(rf"{name}: (\S+)", lines[-1])
+    assert match, f"last line is not `{name}: <value>`: {lines[-1]!r}"
+    assert math.isfinite(float(match.group(1))), lines[-1]
+    return match.group(1)

@@ -4,31 +4,20 @@ The training runs in subprocesses on the current backend (`KERAS_BACKEND`),
 as a user would run the README's commands.
 """
 
-import importlib.util
-import math
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+import harness
+from harness import ROOT
+
 EXAMPLE = ROOT / "examples" / "gpt_lm"
 
 
 def _load(name):
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        spec = importlib.util.spec_from_file_location(f"gpt_lm_{name}", EXAMPLE / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(EXAMPLE))
-    return module
+    return harness.load_module(EXAMPLE / f"{name}.py", f"gpt_lm_{name}")
 
 
 @pytest.fixture(scope="module")
@@ -37,25 +26,11 @@ def data():
 
 
 def _run(script, *args):
-    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE / script), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result.stdout.strip().splitlines()
+    return harness.run_script(EXAMPLE / script, *args)
 
 
 def _val_loss(lines):
-    match = re.fullmatch(r"val_loss: (\S+)", lines[-1])
-    assert match, f"last line is not `val_loss: <value>`: {lines[-1]!r}"
-    value = float(match.group(1))
-    assert math.isfinite(value)
-    return value
+    return float(harness.last_line_value(lines, "val_loss"))
 
 
 def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):

@@ -5,58 +5,37 @@
 last line; the data generator is checked in-process.
 """
 
-import importlib.util
-import math
 import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+import harness
+from harness import ROOT
+
 EXAMPLE = ROOT / "examples" / "hard_attention"
 METHODS = ("soft", "straight_through", "gumbel", "reinforce")
 
 
 @pytest.fixture(scope="module")
 def data():
-    spec = importlib.util.spec_from_file_location(
-        "hard_attention_data", EXAMPLE / "data.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return harness.load_module(EXAMPLE / "data.py", "hard_attention_data")
 
 
 def test_tiny_run_trains_every_method_and_prints_accuracy_last():
-    backend = keras.backend.backend()
-    env = dict(os.environ, KERAS_BACKEND=backend)
     # The tiny model's ops are too small to gain from threads, and on a busy
     # machine PyTorch's threads wait for one another (see the README).
-    env.setdefault("OMP_NUM_THREADS", "1")
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE / "train.py"), "--tiny"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    lines = result.stdout.strip().splitlines()
-    assert lines[0] == f"backend: {backend}"
-    match = re.fullmatch(r"accuracy: (\S+)", lines[-1])
-    assert match, f"last line is not `accuracy: <value>`: {lines[-1]!r}"
-    accuracy = float(match.group(1))
-    assert math.isfinite(accuracy) and 0.0 <= accuracy <= 1.0
+    threads = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
+    lines = harness.run_script(EXAMPLE / "train.py", "--tiny", env=threads)
+    assert lines[0] == f"backend: {keras.backend.backend()}"
+    value = harness.last_line_value(lines, "accuracy")
+    assert 0.0 <= float(value) <= 1.0
     # One result line per method, REINFORCE last; its accuracy is the last line's.
     reports = [line for line in lines if re.match(r"\w+: test accuracy ", line)]
     assert [line.split(":")[0] for line in reports] == list(METHODS)
-    assert reports[-1].startswith(f"reinforce: test accuracy {match.group(1)};")
+    assert reports[-1].startswith(f"reinforce: test accuracy {value};")
     # The table has a row per method.
     rows = [line for line in lines if line.startswith("| ") and "---" not in line]
     assert [row.split(" | ")[0][2:] for row in rows[1:]] == list(METHODS)

@@ -5,51 +5,27 @@ backend (`KERAS_BACKEND`) and must print its metric on its last line; its data
 pipeline is checked in-process.
 """
 
-import importlib.util
-import math
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+import harness
+from harness import ROOT
+
 DEMO = ROOT / "examples" / "demo" / "train.py"
-
-
-def _load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def demo():
-    return _load_module(DEMO, "demo_train")
+    return harness.load_module(DEMO, "demo_train")
 
 
 def test_demo_tiny_runs_and_prints_val_loss_last():
-    backend = keras.backend.backend()
-    env = dict(os.environ, KERAS_BACKEND=backend)
-    result = subprocess.run(
-        [sys.executable, str(DEMO), "--tiny"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    lines = result.stdout.strip().splitlines()
-    assert lines[0] == f"backend: {backend}"
-    match = re.fullmatch(r"val_loss: (\S+)", lines[-1])
-    assert match, f"last line is not `val_loss: <value>`: {lines[-1]!r}"
-    assert math.isfinite(float(match.group(1)))
+    lines = harness.run_script(DEMO, "--tiny")
+    assert lines[0] == f"backend: {keras.backend.backend()}"
+    harness.last_line_value(lines, "val_loss")
     assert re.fullmatch(r"val_accuracy: \S+", lines[-2])
 
 

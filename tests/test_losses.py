@@ -21,38 +21,6 @@ def arm_reward(y_true, y_pred):
     return keras.ops.sum(y_true * y_pred, axis=-1)
 
 
-def _gradients(loss_fn, variables):
-    """Gradients of the scalar `loss_fn()` w.r.t. keras `variables` (0 if unused).
-
-    Uses the backend's own autodiff, so what is checked is what training sees.
-    """
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        grads = tape.gradient(loss, [v.value for v in variables])
-    elif BACKEND == "jax":
-        import jax
-
-        def loss(values):
-            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                return loss_fn()
-
-        # Compiled as a whole: op-by-op, every primitive would compile.
-        grads = jax.jit(jax.grad(loss))([v.value for v in variables])
-    else:
-        import torch
-
-        grads = torch.autograd.grad(
-            loss_fn(), [v.value for v in variables], allow_unused=True
-        )
-    return [
-        np.zeros(v.shape, "float32") if g is None else harness.to_numpy(g)
-        for g, v in zip(grads, variables)
-    ]
-
-
 def _bandit_policy(seed=0):
     """`(predictions, log_prob, entropy)`: a learned query picks one of 5 arms.
 
@@ -160,13 +128,14 @@ def test_reinforce_loss_gradient_flows_only_through_log_prob_and_entropy():
     log_prob = keras.Variable(np.array([-0.5, -1.5], "float32"))
     entropy = keras.Variable(np.array([0.3, 0.6], "float32"))
     variables = [reward, baseline, log_prob, entropy]
-    grads = _gradients(
+    grads = harness.variable_gradients(
         lambda: keras.ops.sum(
             losses.reinforce_loss(
                 reward.value, log_prob.value, entropy.value, baseline.value, 0.2
             )
         ),
         variables,
+        jit=True,
     )
     np.testing.assert_array_equal(grads[0], [0.0, 0.0])
     assert grads[1] == 0.0
@@ -204,8 +173,8 @@ def test_reinforce_gradient_matches_the_analytic_gradient_of_expected_reward():
 
         return loss
 
-    (estimate,) = _gradients(
-        surrogate(HardAttention(score="dot", seed=7), 1.0, 0.0), [query]
+    (estimate,) = harness.variable_gradients(
+        surrogate(HardAttention(score="dot", seed=7), 1.0, 0.0), [query], jit=True
     )
     estimate = -estimate[0, 0]  # the surrogate's gradient is minus grad E[R]
 
@@ -234,8 +203,10 @@ def test_reinforce_gradient_matches_the_analytic_gradient_of_expected_reward():
 
     # The entropy bonus: exactly -entropy_weight * dH/dq per query, with
     # dH/dq = -sum_s pi_s (log pi_s + H) k_s.
-    (bonus,) = _gradients(
-        surrogate(HardAttention(score="dot", seed=7), 0.0, entropy_weight), [query]
+    (bonus,) = harness.variable_gradients(
+        surrogate(HardAttention(score="dot", seed=7), 0.0, entropy_weight),
+        [query],
+        jit=True,
     )
     entropy = -np.sum(pi * np.log(pi))
     entropy_gradient = -(pi * (np.log(pi) + entropy)) @ keys

@@ -7,6 +7,7 @@ Shape legend: `B` batch, `H` heads, `T` query length, `S` key length,
 import keras
 import numpy as np
 import pytest
+from harness import input_gradients as gradients
 from harness import to_numpy
 from keras import ops
 
@@ -49,43 +50,6 @@ def softmax_reference(scores, mask=None, axis=-1):
     exp = np.exp(np.where(mask, scores - top, -np.inf))
     total = np.sum(exp, axis=axis, keepdims=True)
     return np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
-
-
-def gradients(fn, inputs, cotangent):
-    """Gradients of `sum(fn(*inputs) * cotangent)` w.r.t. every input.
-
-    Uses the current backend's own autodiff, so what is checked is what
-    training sees.
-    """
-    cotangent = np.asarray(cotangent, "float32")
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        xs = [tf.constant(x) for x in inputs]
-        with tf.GradientTape() as tape:
-            tape.watch(xs)
-            loss = tf.reduce_sum(tf.cast(fn(*xs), "float32") * cotangent)
-        grads = tape.gradient(loss, xs)
-    elif backend == "jax":
-        import jax
-        import jax.numpy as jnp
-
-        def loss(*xs):
-            return jnp.sum(fn(*xs).astype("float32") * cotangent)
-
-        argnums = tuple(range(len(inputs)))
-        grads = jax.grad(loss, argnums=argnums)(*[jnp.asarray(x) for x in inputs])
-    elif backend == "torch":
-        import torch
-
-        xs = [ops.convert_to_tensor(x).detach().requires_grad_(True) for x in inputs]
-        out = fn(*xs).float()
-        loss = torch.sum(out * torch.as_tensor(cotangent, device=out.device))
-        grads = torch.autograd.grad(loss, xs)
-    else:
-        raise NotImplementedError(f"No gradient helper for backend {backend}")
-    return [to_numpy(g) for g in grads]
 
 
 # masked_softmax ---------------------------------------------------------

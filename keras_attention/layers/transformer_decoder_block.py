@@ -9,7 +9,6 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
-from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask

@@ -59,35 +59,6 @@ def _call(layer, query, value, **kwargs):
     return harness.to_numpy(outputs)
 
 
-def _gradients(loss_fn, variables):
-    """Gradients of the scalar `loss_fn()` w.r.t. keras `variables`.
-
-    Uses the backend's own autodiff, so what is checked is what training sees.
-    On JAX op by op: these computations are small, and each primitive
-    compiles once for all the tests that share its shapes.
-    """
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        grads = tape.gradient(loss, [v.value for v in variables])
-    elif BACKEND == "jax":
-        import jax
-
-        def loss(values):
-            mapping = list(zip(variables, values))
-            with keras.StatelessScope(state_mapping=mapping):
-                return loss_fn()
-
-        grads = jax.grad(loss)([v.value for v in variables])
-    else:
-        import torch
-
-        grads = torch.autograd.grad(loss_fn(), [v.value for v in variables])
-    return [harness.to_numpy(g) for g in grads]
-
-
 def _check_is_argmax(index, scores):
     """`index` is numpy's argmax of the float64 `scores`, up to float32 rounding.
 
@@ -330,8 +301,10 @@ def test_straight_through_forward_is_hard_and_gradient_is_soft(score, selection)
             keras.ops.multiply(layer(query, value, key=key, **kwargs), cotangent)
         )
 
-    hard_grads = _gradients(loss(hard, training=True), hard.score.trainable_weights)
-    soft_grads = _gradients(loss(soft), soft.score.trainable_weights)
+    hard_grads = harness.variable_gradients(
+        loss(hard, training=True), hard.score.trainable_weights
+    )
+    soft_grads = harness.variable_gradients(loss(soft), soft.score.trainable_weights)
     for h, s in zip(hard_grads, soft_grads):
         assert np.any(np.abs(h) > 1e-4)
         np.testing.assert_allclose(h, s, rtol=1e-5, atol=1e-6)
@@ -354,8 +327,10 @@ def test_straight_through_temperature_scales_the_soft_gradient():
             )
         )
 
-    (hard_grad,) = _gradients(loss(hard, training=True), [query_variable])
-    (soft_grad,) = _gradients(loss(soft), [query_variable])
+    (hard_grad,) = harness.variable_gradients(
+        loss(hard, training=True), [query_variable]
+    )
+    (soft_grad,) = harness.variable_gradients(loss(soft), [query_variable])
     assert np.any(np.abs(hard_grad) > 1e-4)
     np.testing.assert_allclose(hard_grad, soft_grad, rtol=1e-5, atol=1e-6)
 
@@ -389,7 +364,7 @@ def test_hard_gumbel_is_exactly_one_hot_with_a_soft_gradient():
     np.testing.assert_array_equal(selection.sum(-1), 1.0)
     np.testing.assert_array_equal(output, np.einsum("bts,bsd->btd", selection, value))
     cotangent = np.random.default_rng(6).normal(size=output.shape).astype("float32")
-    (grad,) = _gradients(
+    (grad,) = harness.variable_gradients(
         lambda: keras.ops.sum(
             keras.ops.multiply(layer(query, value, key=key, training=True), cotangent)
         ),
@@ -471,7 +446,7 @@ def test_log_prob_gradient_is_onehot_minus_probabilities():
         )
         return keras.ops.sum(keras.ops.multiply(log_prob, weights))
 
-    (grad,) = _gradients(loss, [query_variable])
+    (grad,) = harness.variable_gradients(loss, [query_variable])
     _, probabilities, selection = _call(layer, query, value, key=key, training=True)
     expected = np.einsum(
         "bts,bsd->btd", (selection - probabilities) * weights[:, None, None], key
@@ -552,7 +527,7 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(init_kwargs):
         )
         return keras.ops.sum(output) + keras.ops.sum(log_prob + entropy)
 
-    (grad,) = _gradients(loss, [layer.score.kernel])
+    (grad,) = harness.variable_gradients(loss, [layer.score.kernel])
     assert np.all(np.isfinite(grad)) and np.any(grad != 0)
 
 

@@ -180,43 +180,11 @@ def _compiled(fn):
 
 
 def gradients(fn, inputs):
-    """Gradients of `sum(fn(*inputs) * cotangent)` w.r.t. every input.
-
-    Uses the current backend's own autodiff, so what is checked is what
-    training sees.
-    """
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        xs = [tf.constant(x) for x in inputs]
-        with tf.GradientTape() as tape:
-            tape.watch(xs)
-            out = tf.cast(fn(*xs), "float32")
-            cotangent = _normal(out.shape, seed=9)
-            loss = tf.reduce_sum(out * cotangent)
-        grads = tape.gradient(loss, xs)
-    elif BACKEND == "jax":
-        import jax
-        import jax.numpy as jnp
-
-        xs = [jnp.asarray(x) for x in inputs]
-        cotangent = _normal(fn(*xs).shape, seed=9)
-
-        def loss(*xs):
-            return jnp.sum(fn(*xs).astype("float32") * cotangent)
-
-        # Compiled as a whole: op-by-op gradients compile every primitive.
-        grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(xs)))))(*xs)
-    else:
-        import torch
-
-        xs = [torch.tensor(x, requires_grad=True) for x in inputs]
-        out = fn(*xs).float()
-        cotangent = torch.as_tensor(
-            _normal(tuple(out.shape), seed=9), device=out.device
-        )
-        grads = torch.autograd.grad(torch.sum(out * cotangent), xs)
-    return [harness.to_numpy(g) for g in grads]
+    """Gradients of `sum(fn(*inputs) * cotangent)` w.r.t. every input, for
+    one fixed normal cotangent."""
+    return harness.input_gradients(
+        fn, inputs, lambda shape: _normal(shape, seed=9), jit=True
+    )
 
 
 # Layer harness.

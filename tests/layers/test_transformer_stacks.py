@@ -24,7 +24,6 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 import harness
 from keras_attention.layers import TransformerDecoder
@@ -32,7 +31,7 @@ from keras_attention.layers import TransformerDecoderBlock
 from keras_attention.layers import TransformerEncoder
 from keras_attention.layers import TransformerEncoderBlock
 from test_transformer_decoder_block import S
-from test_transformer_decoder_block import compiled
+from test_transformer_decoder_block import decode
 from test_transformer_decoder_block import empty_cache
 from test_transformer_encoder_block import B
 from test_transformer_encoder_block import D
@@ -558,47 +557,9 @@ def test_cached_decoding_equals_full_pass(cross):
     self_cache = _stacked_cache(decoder, max_length, fill=np.nan)
     cross_cache = _stacked_cache(decoder, S) if cross else None
 
-    def run(x, encoder, self_cache, cross_cache):
-        batch, length, width = x.shape
-        prefilled = decoder(
-            x[:, :prefill],
-            encoder,
-            self_attention_cache=self_cache,
-            self_attention_cache_update_index=0,
-            cross_attention_cache=cross_cache,
-            cross_attention_cache_update_index=0 if cross else None,
-            **kwargs,
-        )
-        output, self_cache = prefilled[:2]
-        cross_cache = prefilled[2] if cross else ops.zeros((1,))
-        outputs = ops.concatenate(
-            [output, ops.zeros((batch, length - prefill, width))], axis=1
-        )
-
-        def step(i, self_cache, cross_cache, outputs):
-            token = ops.slice(x, (0, i, 0), (batch, 1, width))  # (B, 1, D)
-            stepped = decoder(
-                token,
-                self_attention_cache=self_cache,
-                self_attention_cache_update_index=i,
-                cross_attention_cache=cross_cache if cross else None,
-                **kwargs,
-            )
-            outputs = ops.slice_update(outputs, (0, i, 0), stepped[0])
-            return i + 1, stepped[1], stepped[2] if cross else cross_cache, outputs
-
-        _, self_cache, cross_cache, outputs = ops.while_loop(
-            lambda i, *_: i < length, step, (prefill, self_cache, cross_cache, outputs)
-        )
-        return outputs, self_cache, cross_cache
-
-    outputs, self_cache, cross_cache = compiled(run)(
-        ops.convert_to_tensor(x),
-        None if encoder is None else ops.convert_to_tensor(encoder),
-        self_cache,
-        cross_cache,
+    outputs, self_cache, cross_cache = decode(
+        decoder, x, encoder, prefill, self_cache, cross_cache, **kwargs
     )
-    outputs, self_cache = harness.to_numpy(outputs), harness.to_numpy(self_cache)
     np.testing.assert_allclose(outputs, full, rtol=1e-5, atol=1e-5)
     assert self_cache.shape == (B, N, 2, max_length, 2, D // H)
     assert np.all(np.isfinite(self_cache[:, :, :, :T]))
@@ -606,7 +567,6 @@ def test_cached_decoding_equals_full_pass(cross):
     # Block i's slice is block i's own cache: its keys differ from block 0's.
     assert not np.allclose(self_cache[:, 0, :, :T], self_cache[:, 1, :, :T])
     if cross:
-        cross_cache = harness.to_numpy(cross_cache)
         for i, block in enumerate(decoder.blocks):
             np.testing.assert_allclose(
                 cross_cache[:, i],

@@ -585,13 +585,14 @@ def test_lora_kernels_decode_through_the_layers():
     attention = model.decoder.blocks[1].self_attention
     attention.value_dense.enable_lora(2)
     rng = np.random.default_rng(0)
-    for variable in (attention.value_dense.lora_kernel_a, attention.value_dense.lora_kernel_b):
+    dense = attention.value_dense
+    for variable in (dense.lora_kernel_a, dense.lora_kernel_b):
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
     assert _torch_decoding.step_for(model) is None
     prompt = _ids((2, 5), seed=19)
     out = model.generate(prompt, max_new_tokens=8)
     np.testing.assert_array_equal(out, _greedy_reference(model, prompt, 8))
-    attention.value_dense.lora_kernel_b.assign(np.zeros(attention.value_dense.lora_kernel_b.shape, "float32"))
+    dense.lora_kernel_b.assign(np.zeros(dense.lora_kernel_b.shape, "float32"))
     assert not np.array_equal(model.generate(prompt, max_new_tokens=8), out)
 
 
