@@ -243,7 +243,8 @@ class GPT(keras.Model):
         """Continues prompts token by token with the KV cache.
 
         The prompt is run once (prefill) and then one token per step reads and
-        extends the cache, so a step costs the same at every length. The
+        extends the cache: no step recomputes the prefix (a step's cost grows
+        only with the keys and values it reads). The
         whole loop is compiled once per shape and sampling configuration
         (`jax.jit` on JAX, `tf.function` with XLA on TensorFlow; torch runs it
         eagerly without autograd, each step in plain torch operations).
