@@ -90,10 +90,11 @@ class _Step:
         for block in model.decoder.blocks:
             attention, feedforward = block.self_attention, block.feedforward
             denses = (attention.query_dense, attention.key_dense, attention.value_dense)
-            # One (3 widths, D) weight: a single GEMM gives q, k and v.
+            # One (3 widths, D) weight: a single GEMM gives q, k and v (the
+            # only copy; the other kernels are used through transposed views).
             qkv_kernel = torch.cat(
                 [weight(d.kernel).reshape(self.width, -1) for d in denses], dim=1
-            ).T.contiguous()
+            ).T
             biases = [bias(d) for d in denses]
             qkv_bias = (
                 None
@@ -113,17 +114,17 @@ class _Step:
                     output=(
                         weight(attention.output_dense.kernel)
                         .reshape(-1, self.width)
-                        .T.contiguous(),
+                        .T,
                         bias(attention.output_dense),
                     ),
                     norm2=_norm_weights(block.feedforward_layer_norm),
                     intermediate=(
-                        weight(feedforward.intermediate_dense.kernel).T.contiguous(),
+                        weight(feedforward.intermediate_dense.kernel).T,
                         bias(feedforward.intermediate_dense),
                     ),
                     activation=feedforward.activation,
                     feedforward_output=(
-                        weight(feedforward.output_dense.kernel).T.contiguous(),
+                        weight(feedforward.output_dense.kernel).T,
                         bias(feedforward.output_dense),
                     ),
                 )
