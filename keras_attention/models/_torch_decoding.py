@@ -6,7 +6,7 @@ its arguments and opens scopes, every `keras.ops` call converts and checks
 its inputs): for the `cpu` preset of examples/gpt_lm, about 22 ms per token,
 against about 1.4 ms for the same arithmetic written in torch. `step_for`
 returns that arithmetic for a `GPT` whose layers it can read: the same
-weights (read live at each call, so training between `generate` calls is
+weights (gathered at each `generate` call, so training between calls is
 seen), the same cache layout `(B, 2, L, G, K)` per block, the same dtype
 rules as the layers (kernels cast to the compute dtype, layer norm in
 float32). For anything else (quantized or LoRA kernels, another norm) it
@@ -56,7 +56,6 @@ def _readable(model):
         if (
             not block.normalize_first
             or block.normalization != "layer_norm"
-            or block.use_rotary_embedding
             or feedforward.gated
             or attention.rotary_embedding is not None
             or attention.score.dot_product_scale(attention.key_dim) is None
@@ -72,8 +71,7 @@ class _Step:
     def __init__(self, model):
         import torch
 
-        self.dtype = keras.backend.standardize_dtype(model.compute_dtype)
-        torch_dtype = getattr(torch, self.dtype)
+        torch_dtype = getattr(torch, keras.backend.standardize_dtype(model.compute_dtype))
 
         def weight(variable):
             return variable.value.to(torch_dtype)
@@ -108,12 +106,13 @@ class _Step:
                     splits=[d.kernel.shape[1] * d.kernel.shape[2] for d in denses],
                     heads=attention.num_heads,
                     kv_heads=attention._kv_heads,
+                    groups=attention.num_heads // attention._kv_heads,
                     head_size=attention.key_dim,
                     value_size=attention._value_dim,
                     scale=attention.score.dot_product_scale(attention.key_dim),
                     output=(
                         weight(attention.output_dense.kernel)
-                        .reshape(-1, self.width)
+                        .reshape(-1, self.width)  # (H K, D)
                         .T,
                         bias(attention.output_dense),
                     ),
@@ -141,19 +140,21 @@ class _Step:
         for block, cache in zip(self.blocks, caches):
             h = _layer_norm(x, block["norm1"])
             q, k, v = torch.split(F.linear(h, *block["qkv"]), block["splits"], dim=-1)
-            cache[:, 0, i] = k.reshape(batch, block["kv_heads"], block["head_size"])
-            cache[:, 1, i] = v.reshape(batch, block["kv_heads"], block["value_size"])
-            q = q.reshape(batch, 1, block["heads"], block["head_size"]).transpose(1, 2)
+            kv_shape = (batch, block["kv_heads"])
+            cache[:, 0, i] = k.reshape(kv_shape + (block["head_size"],))  # (B, G, K)
+            cache[:, 1, i] = v.reshape(kv_shape + (block["value_size"],))  # (B, G, K)
+            q = q.reshape(batch, 1, block["heads"], block["head_size"])  # (B, 1, H, K)
+            q = q.transpose(1, 2)  # (B, H, 1, K)
             keys = cache[:, 0, : i + 1].transpose(1, 2)  # (B, G, i + 1, K)
-            values = cache[:, 1, : i + 1].transpose(1, 2)
-            groups = block["heads"] // block["kv_heads"]
+            values = cache[:, 1, : i + 1].transpose(1, 2)  # (B, G, i + 1, K)
+            groups = block["groups"]
             if groups > 1:  # query head h reads key/value head h // groups
-                keys = keys.repeat_interleave(groups, dim=1)
+                keys = keys.repeat_interleave(groups, dim=1)  # (B, H, i + 1, K)
                 values = values.repeat_interleave(groups, dim=1)
             attended = F.scaled_dot_product_attention(
                 q, keys, values, scale=block["scale"]
             )  # (B, H, 1, K)
-            attended = attended.transpose(1, 2).reshape(batch, 1, -1)
+            attended = attended.transpose(1, 2).reshape(batch, 1, -1)  # (B, 1, H K)
             x = x + F.linear(attended, *block["output"])
             h = _layer_norm(x, block["norm2"])
             h = block["activation"](F.linear(h, *block["intermediate"]))

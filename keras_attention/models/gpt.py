@@ -222,6 +222,11 @@ class GPT(keras.Model):
         heads = self.num_key_value_heads or self.num_heads
         return (batch_size, 2, max_length, heads, self.hidden_dim // self.num_heads)
 
+    def _empty_layer_caches(self, batch_size, max_length):
+        """One zero cache `(B, 2, max_length, G, K)` per block, as a tuple."""
+        shape = self._layer_cache_shape(batch_size, max_length)
+        return tuple(ops.zeros(shape, self.compute_dtype) for _ in range(self.num_layers))
+
     def empty_cache(self, batch_size, max_length):
         """A zero KV cache `(B, N, 2, max_length, G, K)` for `call_with_cache`."""
         shape = self._layer_cache_shape(batch_size, max_length)
@@ -365,10 +370,7 @@ class GPT(keras.Model):
         batch, total = ids.shape[0], ids.shape[1]
         # One cache per block, carried as a tuple: each step writes only its
         # new keys and values instead of re-stacking every block's cache.
-        cache = tuple(
-            ops.zeros(self._layer_cache_shape(batch, total), self.compute_dtype)
-            for _ in range(self.num_layers)
-        )
+        cache = self._empty_layer_caches(batch, total)
         logits, cache = self._call_with_layer_caches(ids[:, :start], cache, 0)
         next_logits = logits[:, -1]  # (B, V)
         done = ops.zeros((batch,), "bool")

@@ -547,10 +547,7 @@ def test_decoding_step_equals_the_layers(kwargs, policy, tolerance):
         assert step is None  # the layers decode
         return
     ids = _ids((2, 7), seed=17)
-    empty = [
-        keras.ops.zeros(model._layer_cache_shape(2, MAX_LENGTH), model.compute_dtype)
-        for _ in range(model.num_layers)
-    ]
+    empty = model._empty_layer_caches(2, MAX_LENGTH)
     _, prefilled = model._call_with_layer_caches(ids[:, :6], empty, 0)
     token = keras.ops.convert_to_tensor(ids[:, 6:])
     expected, expected_caches = model._call_with_layer_caches(
@@ -582,10 +579,9 @@ def test_lora_kernels_decode_through_the_layers():
     """A LoRA kernel is not a plain weight: the layers decode, and the
     adapter's contribution is in every step."""
     model = _small_gpt(seed=6)
-    attention = model.decoder.blocks[1].self_attention
-    attention.value_dense.enable_lora(2)
+    dense = model.decoder.blocks[1].self_attention.value_dense
+    dense.enable_lora(2)
     rng = np.random.default_rng(0)
-    dense = attention.value_dense
     for variable in (dense.lora_kernel_a, dense.lora_kernel_b):
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
     assert _torch_decoding.step_for(model) is None
