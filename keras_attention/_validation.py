@@ -62,3 +62,60 @@ def check_same_dim(name_a, dim_a, name_b, dim_b, what):
             f"`{name_a}` and `{name_b}` must have the same {what}. Received: "
             f"{name_a} {what}={dim_a}, {name_b} {what}={dim_b}"
         )
+
+
+def check_attention_shapes(query_shape, value_shape, key_shape=None):
+    """Rank-3 `(batch, length, dim)` inputs; keys and values of the same
+    length and batch, queries of the same batch."""
+    check_rank("query", query_shape, 3)
+    check_rank("value", value_shape, 3)
+    if key_shape is not None:
+        check_rank("key", key_shape, 3)
+        check_same_dim("key", key_shape[1], "value", value_shape[1], "length")
+        check_same_dim("key", key_shape[0], "value", value_shape[0], "batch size")
+    check_same_dim("query", query_shape[0], "value", value_shape[0], "batch size")
+
+
+def check_output_shape(output_shape):
+    """`None`, or a positive int or 1-tuple as a 1-tuple; else raises."""
+    if output_shape is None:
+        return None
+    # The message reports the value received, before it is made a tuple.
+    shape = output_shape
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    if (
+        not isinstance(shape, (tuple, list))
+        or len(shape) != 1
+        or isinstance(shape[0], bool)
+        or not isinstance(shape[0], numbers.Integral)
+        or shape[0] <= 0
+    ):
+        raise ValueError(
+            "`output_shape` must be None, a positive int or a 1-tuple of one. "
+            f"Received: output_shape={output_shape!r}"
+        )
+    return (int(shape[0]),)
+
+
+def check_layer(name, value, what):
+    """`None`, a Keras layer, or a layer config (deserialized); else raises."""
+    import keras
+
+    if isinstance(value, dict):
+        value = keras.saving.deserialize_keras_object(value)
+    if value is not None and not isinstance(value, keras.layers.Layer):
+        raise ValueError(
+            f"`{name}` must be None, {what} or its config. Received: "
+            f"{name}={value!r}"
+        )
+    return value
+
+
+def check_divisible(name, value, divisor_name, divisor):
+    """Raises unless `divisor` (if not None) divides `value`."""
+    if divisor is not None and value % divisor:
+        raise ValueError(
+            f"`{name}` must be divisible by `{divisor_name}`. Received: "
+            f"{name}={value}, {divisor_name}={divisor}"
+        )

@@ -1,66 +1,51 @@
 """Looking at attention: capture every layer's weights, draw them as heat maps.
 
 `capture_attention(model, *inputs)` runs a model (or any layer) once and
-returns the attention weights of every `MultiHeadAttention` inside it, in call
-order, recomputed through the explicit path where the fused kernel ran (the
-kernel never forms the weights). `plot_attention(weights, query_labels,
-key_labels)` draws the heads of one layer side by side with matplotlib, an
-optional dependency imported only when a plot is drawn.
+returns the attention weights of every attention layer of the package inside
+it (`SoftAttention`, `HardAttention`, `SelfAttention`'s, `MultiHeadAttention`,
+in blocks and models), in call order. The attention core records them
+(`keras_attention.kernels.recording`), computing them through the explicit
+kernel where a fused one ran (a fused kernel never forms the weights).
+`plot_attention(weights, query_labels, key_labels)` draws the heads of one
+layer side by side with matplotlib, an optional dependency imported only when
+a plot is drawn.
 """
-
-import contextlib
 
 import keras
 import numpy as np
 
+from keras_attention import kernels
+from keras_attention.layers.hard_attention import HardAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.soft_attention import SoftAttention
+
+# The layers that call the attention core on their own behalf.
+_ATTENTION_LAYERS = (SoftAttention, HardAttention, MultiHeadAttention)
 
 
-class _Recorder:
-    """Collects `(layer, weights)` pairs; a plain object, so Keras never tracks it."""
-
-    def __init__(self):
-        self.records = []
-
-    def append(self, record):
-        self.records.append(record)
-
-
-@contextlib.contextmanager
-def _recording(layers):
-    recorder = _Recorder()
-    previous = [layer._attention_recorder for layer in layers]
-    for layer in layers:
-        layer._attention_recorder = recorder
-    try:
-        yield recorder
-    finally:
-        for layer, before in zip(layers, previous):
-            layer._attention_recorder = before
-
-
-def _attention_layers(model):
-    layers = [model] if isinstance(model, MultiHeadAttention) else []
-    layers += [
-        layer for layer in model._flatten_layers(include_self=False, recursive=True)
-        if isinstance(layer, MultiHeadAttention)
-    ]
-    return layers
+def _has_attention(model):
+    if isinstance(model, _ATTENTION_LAYERS):
+        return True
+    return any(
+        isinstance(layer, _ATTENTION_LAYERS)
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+    )
 
 
 def capture_attention(model, *args, **kwargs):
     """Runs `model(*args, **kwargs)` once and returns every attention map.
 
-    Every `keras_attention.layers.MultiHeadAttention` inside `model` (the
-    self- and cross-attention of encoder and decoder blocks included) records
-    the weights it applied, as `(batch, heads, T, S)` arrays. Where the fused
-    kernel ran, the weights are recomputed through the explicit path from the
-    same projected queries, keys and masks, so they are the weights the
-    kernel used. The call runs eagerly, in inference mode unless `training`
-    is passed.
+    Every attention layer of the package inside `model` records the weights
+    it applied, as `(batch, heads, T, S)` arrays: `heads` is 1 for
+    `SoftAttention`, `HardAttention` (whose weights are the one-hot
+    selections it applied) and `SelfAttention` (recorded as its inner
+    `attention` layer). Where a fused kernel ran, the weights are recomputed
+    through the explicit kernel from the same projected queries, keys and
+    masks, so they are the weights the kernel used. The call runs eagerly,
+    in inference mode unless `training` is passed.
 
     Args:
-        model: a `keras.Model` or layer containing `MultiHeadAttention` layers.
+        model: a `keras.Model` or layer containing attention layers.
         *args, **kwargs: the inputs, as for `model(...)`.
 
     Returns:
@@ -79,18 +64,17 @@ def capture_attention(model, *args, **kwargs):
     >>> [(name.split("/")[-2], w.shape) for name, w in maps]
     [('block_0', (1, 2, 4, 4)), ('block_1', (1, 2, 4, 4))]
     """
-    layers = _attention_layers(model)
-    if not layers:
+    if not _has_attention(model):
         raise ValueError(
-            "`model` contains no keras_attention MultiHeadAttention layer. "
+            "`model` contains no keras_attention attention layer. "
             f"Received: model={model.name!r}"
         )
     kwargs.setdefault("training", False)
-    with _recording(layers) as recorder:
+    with kernels.recording() as records:
         model(*args, **kwargs)
     return [
         (layer.path, keras.ops.convert_to_numpy(weights).astype("float32"))
-        for layer, weights in recorder.records
+        for layer, weights in records
     ]
 
 

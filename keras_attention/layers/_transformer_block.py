@@ -1,15 +1,23 @@
-"""What the encoder and decoder blocks share: arguments, sublayers, config.
+"""What the encoder and decoder blocks and stacks share.
 
 Shape legend: `B` batch, `T` (decoder) length, `S` encoder length, `D` model
 width (`hidden_dim`), `H` heads, `K` head size.
+
+- `BlockArguments`: the block arguments, validated once, serialized, and the
+  factories of the sublayers a block is made of. A block holds one; a stack
+  holds one and hands it to each of its blocks.
+- `TransformerBlock`: the base of the two blocks (the residual sub-layer).
+- `TransformerStack`: the base of the two stacks (N blocks, a final norm).
 """
+
+import inspect
 
 import keras
 
 from keras_attention import _validation
+from keras_attention import activations
 from keras_attention import masking
 from keras_attention import scoring
-from keras_attention.layers import feed_forward
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
@@ -17,12 +25,12 @@ from keras_attention.layers.rotary_embedding import RotaryEmbedding
 NORMALIZATIONS = ("layer_norm", "rms_norm")
 
 
-class TransformerBlock(keras.layers.Layer):
-    """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`.
+class BlockArguments:
+    """The arguments of a Transformer block (`TransformerEncoderBlock`'s
+    docstring says what each means), validated, with the sublayer factories.
 
-    Holds the arguments both share, validates them, builds the attention,
-    normalization, dropout and feed-forward sublayers they are made of, and
-    serializes the arguments. Not public: use one of the two blocks.
+    A plain object, not a layer: it holds no weights, and Keras does not
+    track it.
     """
 
     def __init__(
@@ -46,16 +54,13 @@ class TransformerBlock(keras.layers.Layer):
         rotary_max_wavelength=10000,
         use_bias=True,
         seed=None,
-        **kwargs,
     ):
-        super().__init__(**kwargs)
-        self.intermediate_dim = _validation.check_positive_int(
-            "intermediate_dim", intermediate_dim
-        )
-        self.num_heads = _validation.check_positive_int("num_heads", num_heads)
+        check = _validation.check_positive_int
+        self.intermediate_dim = check("intermediate_dim", intermediate_dim)
+        self.num_heads = check("num_heads", num_heads)
         self.dropout = _validation.check_rate("dropout", dropout)
-        # FeedForward's resolver: it also knows "gelu_approximate" (GPT-2).
-        self.activation = feed_forward._get_activation(activation)
+        # The package's resolver: it also knows "gelu_approximate" (GPT-2).
+        self.activation = activations.get(activation)
         if (
             isinstance(layer_norm_epsilon, bool)
             or not isinstance(layer_norm_epsilon, (int, float))
@@ -69,18 +74,13 @@ class TransformerBlock(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.normalize_first = bool(normalize_first)
-        self.key_dim = _validation.check_positive_int(
-            "key_dim", key_dim, allow_none=True
-        )
-        self.num_key_value_heads = _validation.check_positive_int(
+        self.key_dim = check("key_dim", key_dim, allow_none=True)
+        self.num_key_value_heads = check(
             "num_key_value_heads", num_key_value_heads, allow_none=True
         )
-        if self.num_key_value_heads and num_heads % self.num_key_value_heads:
-            raise ValueError(
-                "`num_heads` must be divisible by `num_key_value_heads`. "
-                f"Received: num_heads={num_heads}, "
-                f"num_key_value_heads={num_key_value_heads}"
-            )
+        _validation.check_divisible(
+            "num_heads", self.num_heads, "num_key_value_heads", self.num_key_value_heads
+        )
         # Kept as a name or a config: each attention sublayer builds its own
         # scorer from it, so no two share weights. Unknown names fail here.
         scorer = scoring.get(score)
@@ -89,7 +89,7 @@ class TransformerBlock(keras.layers.Layer):
             "attention_dropout",
             self.dropout if attention_dropout is None else attention_dropout,
         )
-        self._attention_dropout_given = attention_dropout is not None
+        self.attention_dropout_given = attention_dropout is not None
         self.feedforward_dropout = _validation.check_rate(
             "feedforward_dropout", feedforward_dropout
         )
@@ -101,16 +101,49 @@ class TransformerBlock(keras.layers.Layer):
             )
         self.normalization = normalization
         self.use_rotary_embedding = bool(use_rotary_embedding)
-        self.rotary_max_wavelength = _validation.check_positive_int(
-            "rotary_max_wavelength", rotary_max_wavelength
-        )
+        self.rotary_max_wavelength = check("rotary_max_wavelength", rotary_max_wavelength)
         self.use_bias = bool(use_bias)
         self.seed = _validation.check_seed("seed", seed)
-        self.supports_masking = True
 
-    # Sublayer factories, used by the subclasses' `build`.
+    @classmethod
+    def names(cls):
+        """The argument names, in order."""
+        return tuple(inspect.signature(cls.__init__).parameters)[1:]
 
-    def _head_size(self, hidden_dim):
+    @classmethod
+    def split(cls, kwargs):
+        """`(BlockArguments, rest)`: the block arguments among `kwargs` and
+        the others (base layer arguments)."""
+        names = cls.names()
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        return cls(**mine), rest
+
+    def config(self):
+        """The arguments serialized (a block's or stack's config entries)."""
+        config = {name: getattr(self, name) for name in self.names()}
+        config.update(
+            activation=activations.serialize(self.activation),
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            attention_dropout=self.attention_dropout
+            if self.attention_dropout_given
+            else None,
+        )
+        return config
+
+    def apply_to(self, layer):
+        """Sets each argument as a public attribute of `layer`, as Keras
+        layers expose their constructor arguments."""
+        for name in self.names():
+            setattr(layer, name, getattr(self, name))
+
+    # Sublayer factories.
+
+    def seed_at(self, offset):
+        return None if self.seed is None else self.seed + offset
+
+    def head_size(self, hidden_dim):
         if self.key_dim is not None:
             return self.key_dim
         if hidden_dim is None or hidden_dim % self.num_heads:
@@ -121,7 +154,7 @@ class TransformerBlock(keras.layers.Layer):
             )
         return hidden_dim // self.num_heads
 
-    def _initializers(self):
+    def initializers(self):
         # Fresh instances, so that no two kernels start equal.
         return {
             "kernel_initializer": self.kernel_initializer.__class__.from_config(
@@ -132,34 +165,31 @@ class TransformerBlock(keras.layers.Layer):
             ),
         }
 
-    def _seed(self, offset):
-        return None if self.seed is None else self.seed + offset
-
-    def _attention(self, hidden_dim, name, rotary, seed_offset):
+    def attention(self, hidden_dim, name, rotary, seed_offset, dtype):
         return MultiHeadAttention(
             num_heads=self.num_heads,
-            key_dim=self._head_size(hidden_dim),
+            key_dim=self.head_size(hidden_dim),
             dropout=self.attention_dropout,
             use_bias=self.use_bias,
             num_key_value_heads=self.num_key_value_heads,
             score=self.score,
             rotary_embedding=RotaryEmbedding(
                 max_wavelength=self.rotary_max_wavelength,
-                dtype=self.dtype_policy,
+                dtype=dtype,
                 name=f"{name}_rotary_embedding",
             )
             if rotary
             else None,
-            seed=self._seed(seed_offset),
-            dtype=self.dtype_policy,
+            seed=self.seed_at(seed_offset),
+            dtype=dtype,
             name=name,
-            **self._initializers(),
+            **self.initializers(),
         )
 
-    def _norm(self, name):
+    def norm(self, name, dtype):
         if self.normalization == "rms_norm":
             norm = keras.layers.RMSNormalization(
-                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+                epsilon=self.layer_norm_epsilon, dtype=dtype, name=name
             )
             # Position-wise, so a padding mask carries over; without this,
             # Keras warns on every masked call that the norm "destroys the
@@ -167,26 +197,58 @@ class TransformerBlock(keras.layers.Layer):
             norm.supports_masking = True
             return norm
         return keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+            epsilon=self.layer_norm_epsilon, dtype=dtype, name=name
         )
 
-    def _dropout(self, name, seed_offset):
+    def residual_dropout(self, name, seed_offset, dtype):
         return keras.layers.Dropout(
-            self.dropout, seed=self._seed(seed_offset), dtype=self.dtype_policy, name=name
+            self.dropout, seed=self.seed_at(seed_offset), dtype=dtype, name=name
         )
 
-    def _feedforward(self, seed_offset):
+    def feedforward(self, seed_offset, dtype):
         return FeedForward(
             self.intermediate_dim,
             activation=self.activation,
             dropout=self.feedforward_dropout,
             gated=self.gated_feedforward,
             use_bias=self.use_bias,
-            seed=self._seed(seed_offset),
-            dtype=self.dtype_policy,
+            seed=self.seed_at(seed_offset),
+            dtype=dtype,
             name="feedforward",
-            **self._initializers(),
+            **self.initializers(),
         )
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`.
+
+    Takes the block arguments (`BlockArguments`) and the base layer's, and
+    computes the residual sub-layer both blocks are made of. Not public: use
+    one of the two blocks.
+    """
+
+    def __init__(self, intermediate_dim, num_heads, **kwargs):
+        arguments, rest = BlockArguments.split(
+            dict(kwargs, intermediate_dim=intermediate_dim, num_heads=num_heads)
+        )
+        super().__init__(**rest)
+        self.arguments = arguments
+        arguments.apply_to(self)
+        self.supports_masking = True
+
+    def _attention(self, hidden_dim, name, rotary, seed_offset):
+        return self.arguments.attention(
+            hidden_dim, name, rotary, seed_offset, self.dtype_policy
+        )
+
+    def _norm(self, name):
+        return self.arguments.norm(name, self.dtype_policy)
+
+    def _dropout(self, name, seed_offset):
+        return self.arguments.residual_dropout(name, seed_offset, self.dtype_policy)
+
+    def _feedforward(self, seed_offset):
+        return self.arguments.feedforward(seed_offset, self.dtype_policy)
 
     def _sublayer(self, x, norm, dropout, fn, training):
         """One residual sub-layer: post-norm `norm(x + f(x))` or pre-norm
@@ -208,29 +270,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def block_arguments(self):
         """The constructor arguments of a block, serialized (no base-layer ones)."""
-        return {
-            "intermediate_dim": self.intermediate_dim,
-            "num_heads": self.num_heads,
-            "dropout": self.dropout,
-            "activation": feed_forward._serialize_activation(self.activation),
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            "normalize_first": self.normalize_first,
-            "key_dim": self.key_dim,
-            "num_key_value_heads": self.num_key_value_heads,
-            "score": self.score,
-            "attention_dropout": self.attention_dropout
-            if self._attention_dropout_given
-            else None,
-            "feedforward_dropout": self.feedforward_dropout,
-            "gated_feedforward": self.gated_feedforward,
-            "normalization": self.normalization,
-            "use_rotary_embedding": self.use_rotary_embedding,
-            "rotary_max_wavelength": self.rotary_max_wavelength,
-            "use_bias": self.use_bias,
-            "seed": self.seed,
-        }
+        return self.arguments.config()
 
     def get_config(self):
         config = super().get_config()
@@ -238,16 +278,21 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-class TransformerStack(TransformerBlock):
+class TransformerStack(keras.layers.Layer):
     """Base of `TransformerEncoder` and `TransformerDecoder`: N blocks of
-    `block_class` with the stack's block arguments, then an optional norm."""
+    `block_class` made from one `BlockArguments`, then an optional norm."""
 
     block_class = None
 
     def __init__(
         self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
     ):
-        super().__init__(intermediate_dim, num_heads, **kwargs)
+        arguments, rest = BlockArguments.split(
+            dict(kwargs, intermediate_dim=intermediate_dim, num_heads=num_heads)
+        )
+        super().__init__(**rest)
+        self.arguments = arguments
+        arguments.apply_to(self)
         self.num_layers = _validation.check_positive_int("num_layers", num_layers)
         if final_layer_norm is not None and not isinstance(final_layer_norm, bool):
             raise ValueError(
@@ -255,12 +300,16 @@ class TransformerStack(TransformerBlock):
                 f"final_layer_norm={final_layer_norm!r}"
             )
         self.final_layer_norm = final_layer_norm
+        self.supports_masking = True
 
     @property
     def _has_final_norm(self):
         if self.final_layer_norm is None:
             return self.normalize_first
         return self.final_layer_norm
+
+    def _check_inputs(self, name, shape):
+        _validation.check_rank(name, shape, 3)
 
     def _build_blocks(self, *shapes):
         """Creates and builds the blocks (block `i` seeded `seed + 10 i`) and
@@ -269,7 +318,7 @@ class TransformerStack(TransformerBlock):
         self.blocks = []
         for i in range(self.num_layers):
             block = self.block_class(
-                **{**arguments, "seed": self._seed(10 * i)},
+                **{**arguments, "seed": self.arguments.seed_at(10 * i)},
                 dtype=self.dtype_policy,
                 name=f"block_{i}",
             )
@@ -277,11 +326,18 @@ class TransformerStack(TransformerBlock):
             self.blocks.append(block)
         self.output_layer_norm = None
         if self._has_final_norm:
-            self.output_layer_norm = self._norm("output_layer_norm")
+            self.output_layer_norm = self.arguments.norm(
+                "output_layer_norm", self.dtype_policy
+            )
             self.output_layer_norm.build(shapes[0])
+
+    def block_arguments(self):
+        """The arguments every block gets, serialized."""
+        return self.arguments.config()
 
     def get_config(self):
         config = super().get_config()
+        config.update(self.block_arguments())
         config.update(
             {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
         )

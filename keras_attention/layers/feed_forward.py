@@ -8,22 +8,8 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
-from keras_attention.layers import _gemm
-
-
-@keras.saving.register_keras_serializable(package="keras_attention")
-def gelu_approximate(x):
-    """GELU with the tanh approximation, as in GPT-2 and BERT's original code.
-
-    `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`. Registered under the
-    name `"gelu_approximate"`, so `FeedForward(activation="gelu_approximate")`
-    serializes and loads in safe mode.
-    """
-    return ops.gelu(x, approximate=True)
-
-
-# Names this module resolves itself, before `keras.activations.get`.
-_ACTIVATIONS = {"gelu_approximate": gelu_approximate}
+from keras_attention import activations
+from keras_attention.layers import _projection
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -111,7 +97,7 @@ class FeedForward(keras.layers.Layer):
         self.intermediate_dim = _validation.check_positive_int(
             "intermediate_dim", intermediate_dim
         )
-        self.activation = _get_activation(activation)
+        self.activation = activations.get(activation)
         self.dropout = _validation.check_rate("dropout", dropout)
         self.gated = bool(gated)
         self.output_dim = _validation.check_positive_int(
@@ -169,15 +155,15 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        hidden = _gemm.dense_call(self.intermediate_dense, inputs)  # (B, T, F)
+        hidden = _projection.dense_call(self.intermediate_dense, inputs)  # (B, T, F)
         if self.gated:
-            gate = self.activation(_gemm.dense_call(self.gate_dense, inputs))  # (B, T, F)
+            gate = self.activation(_projection.dense_call(self.gate_dense, inputs))  # (B, T, F)
             hidden = gate * hidden  # (B, T, F)
         else:
             hidden = self.activation(hidden)  # (B, T, F)
         if self.dropout > 0:  # rate 0 is the identity: no layer call (eager cost)
             hidden = self.dropout_layer(hidden, training=training)
-        return _gemm.dense_call(self.output_dense, hidden)  # (B, T, O)
+        return _projection.dense_call(self.output_dense, hidden)  # (B, T, O)
 
     def compute_output_shape(self, inputs_shape):
         output_dim = self.output_dim or inputs_shape[-1]
@@ -188,7 +174,7 @@ class FeedForward(keras.layers.Layer):
         config.update(
             {
                 "intermediate_dim": self.intermediate_dim,
-                "activation": _serialize_activation(self.activation),
+                "activation": activations.serialize(self.activation),
                 "dropout": self.dropout,
                 "gated": self.gated,
                 "output_dim": self.output_dim,
@@ -209,24 +195,3 @@ class FeedForward(keras.layers.Layer):
             }
         )
         return config
-
-
-def _serialize_activation(activation):
-    for name, function in _ACTIVATIONS.items():
-        if activation is function:
-            return name  # Reads better in a config than a registered function.
-    return keras.activations.serialize(activation)
-
-
-def _get_activation(activation):
-    """The activation function for a name, config or callable."""
-    if isinstance(activation, str) and activation in _ACTIVATIONS:
-        return _ACTIVATIONS[activation]
-    try:
-        return keras.activations.get(activation)
-    except (ValueError, TypeError) as error:
-        raise ValueError(
-            "`activation` must be an activation name (e.g. 'relu', 'gelu', "
-            "'gelu_approximate', 'silu'), a serialized activation or a "
-            f"callable. Received: activation={activation!r}"
-        ) from error

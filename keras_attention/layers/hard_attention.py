@@ -17,9 +17,9 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention import masking
+from keras_attention import kernels
 from keras_attention import ops as attention_ops
 from keras_attention import scoring
-from keras_attention.layers.soft_attention import _check_shapes
 
 SELECTIONS = ("argmax", "sample")
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -202,7 +202,7 @@ class HardAttention(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, query_shape, value_shape, key_shape=None):
-        _check_shapes(query_shape, value_shape, key_shape)
+        _validation.check_attention_shapes(query_shape, value_shape, key_shape)
         key_shape = value_shape if key_shape is None else key_shape
         self.score.build_or_check(query_shape, key_shape)
         if isinstance(self.temperature, _Schedule):
@@ -231,7 +231,7 @@ class HardAttention(keras.layers.Layer):
         return_log_prob=False,
         training=None,
     ):
-        _check_shapes(
+        _validation.check_attention_shapes(
             query.shape, value.shape, None if key is None else key.shape
         )
         key = value if key is None else key
@@ -250,9 +250,16 @@ class HardAttention(keras.layers.Layer):
             use_causal_mask=use_causal_mask,
         )
         selector = _Selector(self, training=bool(training))
-        output, _ = attention_ops.attention(
-            query, key, value, self.score, mask=mask, normalize=selector
+        output, _ = kernels.attention(
+            query[:, :, None],  # (B, T, 1, Dq): one head of the core's layout
+            key[:, :, None],  # (B, S, 1, Dk)
+            value[:, :, None],  # (B, S, 1, Dv)
+            self.score,
+            mask=mask,
+            normalize=selector,
+            owner=self,
         )
+        output = output[:, :, 0]  # (B, T, Dv)
         outputs = (output,)
         if return_attention_scores:
             outputs += (selector.probabilities, selector.selection)
@@ -279,7 +286,7 @@ class HardAttention(keras.layers.Layer):
         return_log_prob=False,
         **kwargs,
     ):
-        _check_shapes(query.shape, value.shape, None if key is None else key.shape)
+        _validation.check_attention_shapes(query.shape, value.shape, None if key is None else key.shape)
         outputs = (
             keras.KerasTensor(
                 self.compute_output_shape(query.shape, value.shape),

@@ -8,7 +8,7 @@ import keras
 
 from keras_attention import _validation
 from keras_attention import masking
-from keras_attention import ops as attention_ops
+from keras_attention import kernels
 from keras_attention import scoring
 
 
@@ -87,7 +87,7 @@ class SoftAttention(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, query_shape, value_shape, key_shape=None):
-        _check_shapes(query_shape, value_shape, key_shape)
+        _validation.check_attention_shapes(query_shape, value_shape, key_shape)
         key_shape = value_shape if key_shape is None else key_shape
         self.score.build_or_check(query_shape, key_shape)
         self.built = True
@@ -105,7 +105,7 @@ class SoftAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
-        _check_shapes(
+        _validation.check_attention_shapes(
             query.shape, value.shape, None if key is None else key.shape
         )
         key = value if key is None else key
@@ -121,20 +121,25 @@ class SoftAttention(keras.layers.Layer):
             value_mask=value_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
         )
-        output, weights = attention_ops.attention(
-            query,
-            key,
-            value,
+        # One head of the core's `(B, T, H, D)` layout: a dot-product scorer
+        # takes the fast kernels, any other the explicit one.
+        output, weights = kernels.attention(
+            query[:, :, None],  # (B, T, 1, Dq)
+            key[:, :, None],  # (B, S, 1, Dk)
+            value[:, :, None],  # (B, S, 1, Dv)
             self.score,
             mask=mask,
+            causal=use_causal_mask,
             dropout=self.dropout,
             training=training,
             seed=self.seed_generator,
+            return_weights=return_attention_scores,
+            owner=self,
         )
+        output = output[:, :, 0]  # (B, T, Dv)
         if return_attention_scores:
-            return output, weights
+            return output, weights[:, 0]  # (B, T, S)
         return output
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
@@ -143,7 +148,7 @@ class SoftAttention(keras.layers.Layer):
     def compute_output_spec(
         self, query, value, key=None, return_attention_scores=False, **kwargs
     ):
-        _check_shapes(query.shape, value.shape, None if key is None else key.shape)
+        _validation.check_attention_shapes(query.shape, value.shape, None if key is None else key.shape)
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape),
             dtype=self.compute_dtype,
@@ -167,19 +172,3 @@ class SoftAttention(keras.layers.Layer):
         )
         return config
 
-
-def _check_shapes(query_shape, value_shape, key_shape):
-    """Rank-3 inputs, with keys and values of the same length and batch."""
-    _validation.check_rank("query", query_shape, 3)
-    _validation.check_rank("value", value_shape, 3)
-    if key_shape is not None:
-        _validation.check_rank("key", key_shape, 3)
-        _validation.check_same_dim(
-            "key", key_shape[1], "value", value_shape[1], "length"
-        )
-        _validation.check_same_dim(
-            "key", key_shape[0], "value", value_shape[0], "batch size"
-        )
-    _validation.check_same_dim(
-        "query", query_shape[0], "value", value_shape[0], "batch size"
-    )

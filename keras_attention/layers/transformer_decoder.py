@@ -6,8 +6,8 @@ blocks.
 """
 
 import keras
-from keras import ops
 
+from keras_attention import kv_cache
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -90,14 +90,8 @@ class TransformerDecoder(TransformerStack):
             ("self_attention_cache", self_attention_cache),
             ("cross_attention_cache", cross_attention_cache),
         ):
-            if cache is not None and (
-                len(cache.shape) != 6 or cache.shape[1] != self.num_layers
-            ):
-                raise ValueError(
-                    f"`{name}` must have shape (batch, num_layers="
-                    f"{self.num_layers}, 2, length, key_value_heads, key_dim). "
-                    f"Received: {name} with shape {tuple(cache.shape)}"
-                )
+            if cache is not None:
+                kv_cache.check_stacked(cache, self.num_layers, name)
         decoder_padding_mask = combined_padding_mask(
             decoder_sequence,
             decoder_padding_mask,
@@ -126,11 +120,11 @@ class TransformerDecoder(TransformerStack):
                     encoder_attention_mask=encoder_attention_mask,
                     self_attention_cache=None
                     if self_attention_cache is None
-                    else self_attention_cache[:, i],
+                    else kv_cache.layer_cache(self_attention_cache, i),
                     self_attention_cache_update_index=self_attention_cache_update_index,
                     cross_attention_cache=None
                     if cross_attention_cache is None
-                    else cross_attention_cache[:, i],
+                    else kv_cache.layer_cache(cross_attention_cache, i),
                     cross_attention_cache_update_index=cross_attention_cache_update_index,
                     use_causal_mask=use_causal_mask,
                     training=training,
@@ -155,9 +149,9 @@ class TransformerDecoder(TransformerStack):
             if has_cross:
                 outputs += (cross_weights,)
         if self_attention_cache is not None:
-            outputs += (ops.stack(self_caches, axis=1),)  # (B, N, 2, L, G, K)
+            outputs += (kv_cache.stack(self_caches),)  # (B, N, 2, L, G, K)
         if cross_attention_cache is not None:
-            outputs += (ops.stack(cross_caches, axis=1),)  # (B, N, 2, S, G, K)
+            outputs += (kv_cache.stack(cross_caches),)  # (B, N, 2, S, G, K)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def call_with_layer_caches(self, decoder_sequence, caches, cache_update_index):

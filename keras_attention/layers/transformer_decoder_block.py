@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention import kv_cache
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -192,7 +193,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 # The new positions' padding says nothing about the cache's
                 # earlier slots; all-True also keeps Keras from filling in the
                 # (T,) mask of `x` for the (L,) cache.
-                length = ops.shape(self_attention_cache)[2]
+                length = kv_cache.length(self_attention_cache)
                 kwargs.update(
                     value_mask=ops.ones((batch, length), "bool"),
                     cache=self_attention_cache,
@@ -233,11 +234,12 @@ class TransformerDecoderBlock(TransformerBlock):
                 cache = cross_attention_cache
                 if cross_attention_cache_update_index is not None:
                     update = self.cross_attention.compute_cache(encoder_sequence)
-                    start = [0, 0, cross_attention_cache_update_index, 0, 0]
-                    cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
+                    cache = kv_cache.write_packed(
+                        cache, update, cross_attention_cache_update_index
+                    )
                 value_mask = encoder_padding_mask
                 if value_mask is None:
-                    value_mask = ops.ones((batch, ops.shape(cache)[2]), "bool")
+                    value_mask = ops.ones((batch, kv_cache.length(cache)), "bool")
                 outputs = self.cross_attention(
                     x, x, value_mask=value_mask, cache=cache, **kwargs
                 )

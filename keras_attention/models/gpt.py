@@ -8,15 +8,15 @@ heads, `K` head size.
 import numpy as np
 
 import keras
-from keras import ops
 
 from keras_attention import _validation
+from keras_attention import backend
+from keras_attention import kv_cache
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoder
-from keras_attention.models import _sampling
-from keras_attention.models import _torch_decoding
+from keras_attention.models import generation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -158,7 +158,7 @@ class GPT(keras.Model):
             dtype=self.dtype_policy,
             name="decoder",
         )
-        self._generate_functions = {}
+        self._generator = None  # made at the first `generate` call
 
     def _initializer(self):
         return keras.initializers.RandomNormal(stddev=self.initializer_range)
@@ -218,19 +218,18 @@ class GPT(keras.Model):
         )
         return self.embedding(x, reverse=True), tuple(caches)  # (B, T, V)
 
-    def _layer_cache_shape(self, batch_size, max_length):
-        heads = self.num_key_value_heads or self.num_heads
-        return (batch_size, 2, max_length, heads, self.hidden_dim // self.num_heads)
-
     def _empty_layer_caches(self, batch_size, max_length):
         """One zero cache `(B, 2, max_length, G, K)` per block, as a tuple."""
-        shape = self._layer_cache_shape(batch_size, max_length)
-        return tuple(ops.zeros(shape, self.compute_dtype) for _ in range(self.num_layers))
+        heads = self.num_key_value_heads or self.num_heads
+        head_size = self.hidden_dim // self.num_heads
+        return tuple(
+            kv_cache.empty(batch_size, max_length, heads, head_size, self.compute_dtype)
+            for _ in range(self.num_layers)
+        )
 
     def empty_cache(self, batch_size, max_length):
         """A zero KV cache `(B, N, 2, max_length, G, K)` for `call_with_cache`."""
-        shape = self._layer_cache_shape(batch_size, max_length)
-        return ops.zeros(shape[:1] + (self.num_layers,) + shape[1:], self.compute_dtype)
+        return kv_cache.stack(self._empty_layer_caches(batch_size, max_length))
 
     def generate(
         self,
@@ -249,10 +248,11 @@ class GPT(keras.Model):
 
         The prompt is run once (prefill) and then one token per step reads and
         extends the cache: no step recomputes the prefix (a step's cost grows
-        only with the keys and values it reads). The
-        whole loop is compiled once per shape and sampling configuration
-        (`jax.jit` on JAX, `tf.function` with XLA on TensorFlow; torch runs it
-        eagerly without autograd, each step in plain torch operations).
+        only with the keys and values it reads). The whole loop is compiled
+        once per shape and sampling configuration (`jax.jit` on JAX,
+        `tf.function` with XLA on TensorFlow; torch runs it eagerly without
+        autograd, each step in plain torch operations). The loop is the
+        package's generation core (`keras_attention.models.generation`).
 
         Args:
             prompt_ids: int `(B, P)` prompts.
@@ -283,173 +283,35 @@ class GPT(keras.Model):
                 f"Received: prompt_ids with shape {prompt.shape}"
             )
         self._check_ids("prompt_ids", prompt)
-        max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
-        batch, prompt_length = prompt.shape
-        total = prompt_length + max_new_tokens
-        if total > self.max_sequence_length:
-            raise ValueError(
-                "The prompt and the new tokens must fit in "
-                f"max_sequence_length={self.max_sequence_length}. Received: "
-                f"prompt length {prompt_length} + max_new_tokens={max_new_tokens} "
-                f"= {total}"
-            )
-        if sampling not in _sampling.SAMPLING:
-            raise ValueError(
-                f"`sampling` must be one of {_sampling.SAMPLING}. Received: "
-                f"sampling={sampling!r}"
-            )
-        if isinstance(temperature, bool) or not (
-            isinstance(temperature, (int, float)) and temperature > 0
-        ):
-            raise ValueError(
-                "`temperature` must be a positive float. Received: "
-                f"temperature={temperature!r}"
-            )
-        if sampling == "top_k":
-            top_k = _validation.check_positive_int("top_k", top_k)
-        if sampling == "top_p" and not (
-            isinstance(top_p, (int, float)) and 0 < top_p <= 1
-        ):
-            raise ValueError(
-                f"`top_p` must be a float in (0, 1]. Received: top_p={top_p!r}"
-            )
-        stop = tuple(int(t) for t in (stop_token_ids or ()))
-        for token in stop + (pad_token_id,):
-            if not 0 <= token < self.vocabulary_size:
-                raise ValueError(
-                    "`stop_token_ids` and `pad_token_id` must be ids in "
-                    f"[0, {self.vocabulary_size}). Received: {token}"
-                )
-        if prompt_padding_mask is None:
-            lengths = np.full((batch,), prompt_length)
-        else:
-            mask = np.asarray(keras.ops.convert_to_numpy(prompt_padding_mask)).astype(bool)
-            lengths = mask.sum(axis=1)
-            if mask.shape != prompt.shape or not np.array_equal(
-                mask, np.arange(prompt_length)[None] < lengths[:, None]
-            ) or lengths.min() == 0:
-                raise ValueError(
-                    "`prompt_padding_mask` must have the shape of `prompt_ids` "
-                    "and mark a non-empty prefix of each row (right padding). "
-                    f"Received: a mask of shape {mask.shape}"
-                )
-        if seed is None:
-            seed = int(np.random.randint(0, 2**31 - 1))
-        seed = _validation.check_seed("seed", seed)
-
-        ids = np.full((batch, total), pad_token_id, "int32")
-        ids[:, :prompt_length] = prompt
-        positions = np.arange(total)[None]
-        in_prompt = positions < lengths[:, None]  # (B, total)
-        limits = (lengths + max_new_tokens).astype("int32")  # (B,)
-        start = int(lengths.min())
         if not self.built:
             self.build((None, None))
-        function = self._generate_function(sampling, top_k, stop, pad_token_id, start)
-        output = function(
-            ids,
-            in_prompt,
-            limits,
-            np.int32(seed),
-            np.float32(temperature),
-            np.float32(top_p if top_p is not None else 1.0),
-        )
-        return np.asarray(keras.ops.convert_to_numpy(output)).astype("int32")
-
-    def _decode_loop(
-        self, ids, in_prompt, limits, seed, temperature, top_p, *, sampling, top_k,
-        stop, pad_token_id, start, step=None,
-    ):
-        """The decoding loop, in `keras.ops` (compiled by `_generate_function`).
-
-        `step(token_ids, caches, index)` runs one token through the model
-        (default: `_call_with_layer_caches`, the Keras layers).
-        """
-        step = step or self._call_with_layer_caches
-        ids = ops.convert_to_tensor(ids, "int32")
-        batch, total = ids.shape[0], ids.shape[1]
-        # One cache per block, carried as a tuple: each step writes only its
-        # new keys and values instead of re-stacking every block's cache.
-        cache = self._empty_layer_caches(batch, total)
-        logits, cache = self._call_with_layer_caches(ids[:, :start], cache, 0)
-        next_logits = logits[:, -1]  # (B, V)
-        done = ops.zeros((batch,), "bool")
-        pad = ops.full((batch,), pad_token_id, "int32")
-        stop_ids = ops.convert_to_tensor(list(stop), "int32") if stop else None
-
-        def condition(i, ids, cache, next_logits, done):
-            return ops.logical_and(i < total, ops.logical_not(ops.all(done)))
-
-        def body(i, ids, cache, next_logits, done):
-            sampled = _sampling.next_token(
-                next_logits, sampling, temperature, top_k, top_p, seed, i
-            )  # (B,)
-            given = ops.take(ids, i, axis=1)  # (B,) prompt token or padding
-            from_prompt = ops.take(in_prompt, i, axis=1)  # (B,)
-            token = ops.where(from_prompt, given, sampled)
-            finished = ops.logical_or(done, i >= limits)
-            token = ops.where(finished, pad, token)
-            if stop_ids is not None:
-                stopped = ops.any(token[:, None] == stop_ids[None, :], axis=-1)
-                stopped = ops.logical_and(stopped, ops.logical_not(from_prompt))
-                finished = ops.logical_or(finished, stopped)
-            done = ops.logical_or(finished, i + 1 >= limits)
-            ids = ops.slice_update(ids, (0, i), token[:, None])
-            logits, cache = step(token[:, None], cache, i)
-            return i + 1, ids, cache, logits[:, -1], done
-
-        i = ops.convert_to_tensor(start, "int32")
-        _, ids, _, _, _ = ops.while_loop(
-            condition, body, (i, ids, cache, next_logits, done)
-        )
-        return ids
-
-    def _generate_function(self, sampling, top_k, stop, pad_token_id, start):
-        """The compiled loop for one sampling configuration, made once."""
-        key = (sampling, top_k, stop, pad_token_id, start)
-        if key in self._generate_functions:
-            return self._generate_functions[key]
-        options = dict(
-            sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
-            start=start,
-        )
-        backend = keras.backend.backend()
-        if backend == "jax":
-            import jax
-
-            variables = list(self.variables)
-
-            def stateless(values, *args):
-                mapping = list(zip(variables, values))
-                with keras.StatelessScope(state_mapping=mapping):
-                    return self._decode_loop(*args, **options)
-
-            jitted = jax.jit(stateless)
-
-            def function(*args):
-                return jitted([v.value for v in variables], *args)
-
-        elif backend == "tensorflow":
-            import tensorflow as tf
-
-            # XLA fuses a step's few hundred small ops: without it the graph
-            # executor's per-op overhead is most of a step on a CPU.
-            function = tf.function(
-                lambda *args: self._decode_loop(*args, **options), jit_compile=True
+        if self._generator is None:
+            self._generator = generation.Generator(
+                step=self._call_with_layer_caches,
+                empty_caches=self._empty_layer_caches,
+                variables=lambda: self.variables,
+                vocabulary_size=self.vocabulary_size,
+                max_length=self.max_sequence_length,
+                fast_step=self._fast_step,
             )
-        else:
-            import torch
+        return self._generator.generate(
+            prompt,
+            max_new_tokens,
+            sampling=sampling,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            prompt_padding_mask=prompt_padding_mask,
+            pad_token_id=pad_token_id,
+        )
 
-            def function(*args):
-                with torch.no_grad():
-                    args = [ops.convert_to_tensor(a) for a in args]
-                    # Eager steps through the layers are mostly Keras's call
-                    # machinery: the same arithmetic in torch, where it can.
-                    step = _torch_decoding.step_for(self)
-                    return self._decode_loop(*args, step=step, **options)
-
-        self._generate_functions[key] = function
-        return function
+    def _fast_step(self):
+        """The decoding step in the backend's own operations, or None."""
+        return backend.decoder_step(
+            self.embedding, self.decoder.blocks, self.decoder.output_layer_norm
+        )
 
     def _check_ids(self, name, ids):
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocabulary_size):

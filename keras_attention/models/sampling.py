@@ -8,38 +8,14 @@ with `g = -log(-log(u))`, `u ~ U(0, 1)`, which draws exactly from
 function of `(seed, step)`, so a decoding loop compiled once (jit,
 `tf.function`, `while_loop`) carries no random state, and the same seed gives
 the same tokens on every call. Keras's `keras.random` takes a tensor seed only
-on JAX, so this one function has a branch per backend.
+on JAX, so the noise comes from the backend seam (`backend.stateless_uniform`).
 """
 
-import keras
 from keras import ops
 
+from keras_attention import backend
+
 SAMPLING = ("greedy", "random", "top_k", "top_p")
-
-
-def stateless_uniform(like, seed, step):
-    """`U(0, 1)` noise shaped like `like`, a pure function of `seed` and `step`."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        key = jax.random.fold_in(jax.random.key(seed), step)
-        return jax.random.uniform(key, like.shape, minval=1e-12, maxval=1.0)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        pair = tf.stack([tf.cast(seed, "int64"), tf.cast(step, "int64")])
-        return tf.random.stateless_uniform(
-            tf.shape(like), seed=pair, minval=1e-12, maxval=1.0
-        )
-    if backend == "torch":
-        import torch
-
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(int(seed) * 1_000_003 + int(step))
-        noise = torch.rand(tuple(like.shape), generator=generator)
-        return noise.clamp_min_(1e-12).to(like.device)
-    raise NotImplementedError(f"Sampling is not available on the {backend} backend")
 
 
 def next_token(logits, sampling, temperature, top_k, top_p, seed, step):
@@ -77,6 +53,6 @@ def next_token(logits, sampling, temperature, top_k, top_p, seed, step):
 
 
 def _gumbel_argmax(logits, seed, step):
-    uniform = stateless_uniform(logits, seed, step)
+    uniform = backend.stateless_uniform(logits, seed, step)
     gumbel = -ops.log(-ops.log(ops.cast(uniform, "float32")))
     return ops.argmax(logits + gumbel, axis=-1)

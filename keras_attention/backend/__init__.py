@@ -1,0 +1,115 @@
+"""The backend seam: the one package that names a backend.
+
+Every other module of `keras_attention` is written in `keras.ops`; where a
+backend has a faster or safer way to do something, the portable code asks
+this package, which forwards to the module of the running backend
+(`tensorflow.py`, `jax.py`, `torch.py`; `common.py` holds the portable
+defaults they share and serves any other backend). What each backend prefers
+is declared as data, `Preferences` in `common.py`, so that the kernel choice
+(`keras_attention.kernels.choice`) reads as a table.
+
+A fast path decides what it can run from an allow-list and returns `None`
+otherwise, so a new option is safe by default: the caller falls back to the
+portable layers.
+"""
+
+import importlib
+
+import keras
+
+from keras_attention.backend import common
+from keras_attention.backend.common import Preferences
+
+_MODULES = {}
+_OWN_MODULES = ("tensorflow", "jax", "torch")
+
+
+def current():
+    """The module of the running Keras backend (`common` for any other)."""
+    name = keras.backend.backend()
+    if name not in _MODULES:
+        if name in _OWN_MODULES:
+            _MODULES[name] = importlib.import_module(f"keras_attention.backend.{name}")
+        else:
+            _MODULES[name] = common
+    return _MODULES[name]
+
+
+def name():
+    """The running backend's name, for messages and benchmarks."""
+    return keras.backend.backend()
+
+
+def preferences():
+    """The running backend's `Preferences` (kernel and projection choices)."""
+    return current().PREFERENCES
+
+
+def linear(x, kernel, bias):
+    """`x @ kernel + bias`, `(..., D) x (D, N) -> (..., N)`, in `x`'s dtype."""
+    return current().linear(x, kernel, bias)
+
+
+def unless_nonfinite(output, recompute):
+    """`output` if it is all finite, else `recompute()` (same shape, dtype)."""
+    return current().unless_nonfinite(output, recompute)
+
+
+def kernel_dtype(dtype):
+    """The dtype the backend's fused kernel can run `dtype` inputs in."""
+    return current().kernel_dtype(dtype)
+
+
+def stateless_uniform(like, seed, step):
+    """`U(0, 1)` noise shaped like `like`, a pure function of `(seed, step)`."""
+    return current().stateless_uniform(like, seed, step)
+
+
+def compile_decoding(loop, variables, fast_step=None):
+    """A decoding loop made into the backend's fastest callable.
+
+    Args:
+        loop: `loop(*args, step=None)`, written in `keras.ops`; `step=None`
+            means the model's own (Keras layers) step.
+        variables: the model's variables, which the loop reads.
+        fast_step: optional zero-argument function returning a step in the
+            backend's own operations (or None), asked once per call so that
+            it sees the current weights. Used where the loop runs eagerly.
+    """
+    return current().compile_decoding(loop, variables, fast_step)
+
+
+def decoder_step(embedding, blocks, final_norm):
+    """A one-token step of a decoder in the backend's own operations, or None.
+
+    `step(token_ids, caches, index) -> (logits, caches)` with the contract of
+    `GPT._call_with_layer_caches`; None where the backend has none or the
+    layers' configuration is not on its allow-list.
+    """
+    return current().decoder_step(embedding, blocks, final_norm)
+
+
+def block_step(block):
+    """A decoder block's cached step in the backend's own operations, or None.
+
+    `step(x, self_cache, index, cross_cache=None, cross_mask=None) -> (x,
+    self_cache)`, computing what `block(x, self_attention_cache=...,
+    cross_attention_cache=..., encoder_padding_mask=cross_mask)` computes
+    for one new position.
+    """
+    return current().block_step(block)
+
+
+__all__ = [
+    "Preferences",
+    "block_step",
+    "compile_decoding",
+    "current",
+    "decoder_step",
+    "kernel_dtype",
+    "linear",
+    "name",
+    "preferences",
+    "stateless_uniform",
+    "unless_nonfinite",
+]

@@ -1,0 +1,78 @@
+"""What the backends share: the portable defaults, and the `Preferences` record.
+
+A backend module starts from these functions and overrides what it does
+better; a backend the package has no module for (numpy, openvino) runs them
+as they are.
+"""
+
+import dataclasses
+
+from keras import ops
+
+
+@dataclasses.dataclass(frozen=True)
+class Preferences:
+    """What a backend prefers; `keras_attention.kernels.choice` reads it.
+
+    Attributes:
+        blocked: when the package's blocked kernel replaces Keras's fused
+            one: `"always"`, `"causal_or_short"` (with the causal flag, or
+            for at most `SHORT_QUERIES` queries) or `"never"`.
+        chunk_long_queries: whether long sequences go through the kernel in
+            query chunks (a backend whose CPU kernel holds the whole score
+            matrix).
+        repeat_single_key_value_head: whether Keras's kernel needs key/value
+            heads repeated for multi-query attention (one key/value head).
+        fuse_projections: whether self-attention's Q, K and V projections
+            run as one matmul.
+        linear_projections: whether projections run as one `linear` (bias
+            inside the GEMM) instead of the layer call.
+        guard_with_cond: whether the NaN guard recomputes only when the
+            output is non-finite (a `cond`); otherwise it always runs the
+            guarded computation, which a compiler fuses.
+    """
+
+    blocked: str = "never"
+    chunk_long_queries: bool = False
+    repeat_single_key_value_head: bool = False
+    fuse_projections: bool = False
+    linear_projections: bool = False
+    guard_with_cond: bool = True
+
+
+PREFERENCES = Preferences()
+
+
+def linear(x, kernel, bias):
+    kernel = ops.cast(kernel, x.dtype)
+    output = ops.matmul(x, kernel)
+    return output if bias is None else ops.add(output, ops.cast(bias, x.dtype))
+
+
+def unless_nonfinite(output, recompute):
+    # One summing pass: NaN and inf survive a sum (a finite sum too large for
+    # float32 only means a needless recomputation).
+    finite = ops.isfinite(ops.sum(ops.cast(output, "float32")))
+    return ops.cond(finite, lambda: output, recompute)
+
+
+def kernel_dtype(dtype):
+    return dtype
+
+
+def stateless_uniform(like, seed, step):
+    raise NotImplementedError(
+        "Stateless sampling needs the tensorflow, jax or torch backend."
+    )
+
+
+def compile_decoding(loop, variables, fast_step=None):
+    return loop
+
+
+def decoder_step(embedding, blocks, final_norm):
+    return None
+
+
+def block_step(block):
+    return None

@@ -1,0 +1,58 @@
+"""JAX: the blocked kernel for causal and short queries, chunks, one jit.
+
+Measured on a 2-core CPU (benchmarks/README.md): Keras's kernel is as fast as
+the blocked one for long queries without the causal flag (its backward pass
+faster), the blocked kernel wins with the causal flag (blocks skip work) and
+for up to `SHORT_QUERIES` queries (a decoding step attending to its cache).
+The NaN guard always runs its masked computation outside a cache: XLA fuses
+the zeroing into neighbouring operations, while a `cond` would stop fusion
+and keep both branches' residuals for the backward pass.
+"""
+
+import jax
+import keras
+
+from keras_attention.backend import common
+from keras_attention.backend.common import Preferences
+
+PREFERENCES = Preferences(
+    blocked="causal_or_short",
+    chunk_long_queries=True,
+    guard_with_cond=False,
+)
+
+linear = common.linear
+unless_nonfinite = common.unless_nonfinite
+decoder_step = common.decoder_step
+block_step = common.block_step
+
+
+def kernel_dtype(dtype):
+    # XLA's CPU dot_general has no float16 x float16 -> float32 variant,
+    # which jax.nn.dot_product_attention asks for under jit.
+    if keras.backend.standardize_dtype(dtype) == "float16":
+        if jax.default_backend() == "cpu":
+            return "float32"
+    return dtype
+
+
+def stateless_uniform(like, seed, step):
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    return jax.random.uniform(key, like.shape, minval=1e-12, maxval=1.0)
+
+
+def compile_decoding(loop, variables, fast_step=None):
+    """`jax.jit` of the loop as a pure function of the variables' values."""
+    variables = list(variables)
+
+    def stateless(values, *args):
+        mapping = list(zip(variables, values))
+        with keras.StatelessScope(state_mapping=mapping):
+            return loop(*args)
+
+    jitted = jax.jit(stateless)
+
+    def function(*args):
+        return jitted([v.value for v in variables], *args)
+
+    return function

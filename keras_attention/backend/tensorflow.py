@@ -1,0 +1,39 @@
+"""TensorFlow: the blocked kernel for every static shape, chunks, XLA loops.
+
+Measured on a 2-core CPU (benchmarks/README.md): the blocked kernel runs
+1.2-1.8x as fast as Keras's TensorFlow kernel; self-attention's Q/K/V as one
+matmul is faster here (and only here); Keras's kernel repeats key/value heads
+only for more than one key/value head, so multi-query attention repeats them
+itself.
+"""
+
+import tensorflow as tf
+
+from keras_attention.backend import common
+from keras_attention.backend.common import Preferences
+
+PREFERENCES = Preferences(
+    blocked="always",
+    chunk_long_queries=True,
+    repeat_single_key_value_head=True,
+    fuse_projections=True,
+)
+
+linear = common.linear
+unless_nonfinite = common.unless_nonfinite
+kernel_dtype = common.kernel_dtype
+decoder_step = common.decoder_step
+block_step = common.block_step
+
+
+def stateless_uniform(like, seed, step):
+    pair = tf.stack([tf.cast(seed, "int64"), tf.cast(step, "int64")])
+    return tf.random.stateless_uniform(
+        tf.shape(like), seed=pair, minval=1e-12, maxval=1.0
+    )
+
+
+def compile_decoding(loop, variables, fast_step=None):
+    # XLA fuses a step's few hundred small ops: without it the graph
+    # executor's per-op overhead is most of a step on a CPU.
+    return tf.function(loop, jit_compile=True)

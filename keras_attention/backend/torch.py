@@ -1,0 +1,403 @@
+"""Torch: fused SDPA, projections as `linear`, and decoding in plain torch.
+
+Torch keeps its own fused kernel (`scaled_dot_product_attention`, flash or
+memory-efficient on CPU, so no query chunks); a projection is one
+`torch.nn.functional.linear` with the bias inside the GEMM.
+
+On torch a decoding step runs eagerly, and through the Keras layers most of
+its time is the layer-call and op-dispatch machinery: for the `cpu` preset
+of examples/gpt_lm about 22 ms per token, against about 1.4 ms for the same
+arithmetic written in torch. `block_step` and `decoder_step` return that
+arithmetic for layers whose configuration is on the allow-lists below (an
+option not listed, such as a new feature, sends the model to the layers):
+the same weights (gathered when the step is made, once per `generate`
+call), the same cache layout (`keras_attention.kv_cache`), the same dtype
+rules (kernels cast to the compute dtype, layer norm in float32).
+
+Shape legend: `B` batch, `D` width, `H` query heads, `G` key/value heads,
+`K` head size, `S` encoder length, `V` vocabulary size, `L` cache length,
+`i` the step's position.
+"""
+
+import keras
+import torch
+import torch.nn.functional as F
+from keras import ops
+
+from keras_attention import kernels
+from keras_attention import kv_cache
+from keras_attention.backend import common
+from keras_attention.backend.common import Preferences
+
+PREFERENCES = Preferences(linear_projections=True)
+
+kernel_dtype = common.kernel_dtype
+
+
+def linear(x, kernel, bias):
+    kernel = ops.cast(kernel, x.dtype)
+    bias = None if bias is None else ops.cast(bias, x.dtype)
+    return F.linear(x, kernel.T, bias)
+
+
+def unless_nonfinite(output, recompute):
+    """A Python `if` eagerly; under `torch.compile` (or on meta tensors,
+    where values are unknown) always the recomputation."""
+    if torch.compiler.is_compiling() or output.device.type == "meta":
+        return recompute()
+    finite = torch.isfinite(torch.sum(output.float()))
+    return output if bool(finite) else recompute()
+
+
+def stateless_uniform(like, seed, step):
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(int(seed) * 1_000_003 + int(step))
+    noise = torch.rand(tuple(like.shape), generator=generator)
+    return noise.clamp_min_(1e-12).to(like.device)
+
+
+def compile_decoding(loop, variables, fast_step=None):
+    """The loop run eagerly without autograd, on the fast step if any."""
+
+    def function(*args):
+        with torch.no_grad():
+            args = [ops.convert_to_tensor(a) for a in args]
+            step = None if fast_step is None else fast_step()
+            return loop(*args, step=step)
+
+    return function
+
+
+# The allow-lists: each option of a layer's config that the steps compute,
+# with the values they accept (`_ANY`: every value). An option not listed,
+# or a value not accepted, sends the layer to the Keras layers.
+_ANY = None
+_BASE = {"name": _ANY, "trainable": _ANY, "dtype": _ANY}
+_BLOCK_OPTIONS = {
+    **_BASE,
+    "intermediate_dim": _ANY,
+    "num_heads": _ANY,
+    "dropout": _ANY,  # decoding is inference: no dropout
+    "activation": _ANY,  # applied as the layer applies it
+    "layer_norm_epsilon": _ANY,
+    "kernel_initializer": _ANY,
+    "bias_initializer": _ANY,
+    "normalize_first": _ANY,  # pre- and post-norm
+    "key_dim": _ANY,
+    "num_key_value_heads": _ANY,
+    "score": _ANY,  # checked on the attention layer: a dot product
+    "attention_dropout": _ANY,
+    "feedforward_dropout": _ANY,
+    "gated_feedforward": (False,),
+    "normalization": ("layer_norm",),
+    "use_rotary_embedding": (False,),
+    "rotary_max_wavelength": _ANY,
+    "use_bias": _ANY,
+    "seed": _ANY,
+}
+_ATTENTION_OPTIONS = {
+    **_BASE,
+    "num_heads": _ANY,
+    "key_dim": _ANY,
+    "value_dim": _ANY,  # a cache needs it equal to key_dim: the layer checks
+    "dropout": _ANY,
+    "use_bias": _ANY,
+    "output_shape": (None,),
+    "num_key_value_heads": _ANY,
+    "score": _ANY,
+    "rotary_embedding": (None,),
+    "fused": _ANY,
+    "seed": _ANY,
+    "kernel_initializer": _ANY,
+    "bias_initializer": _ANY,
+    "kernel_regularizer": _ANY,
+    "bias_regularizer": _ANY,
+    "activity_regularizer": _ANY,
+    "kernel_constraint": _ANY,
+    "bias_constraint": _ANY,
+}
+_FEEDFORWARD_OPTIONS = {
+    **_BASE,
+    "intermediate_dim": _ANY,
+    "activation": _ANY,
+    "dropout": _ANY,
+    "gated": (False,),
+    "output_dim": (None,),
+    "use_bias": _ANY,
+    "kernel_initializer": _ANY,
+    "bias_initializer": _ANY,
+    "kernel_regularizer": _ANY,
+    "bias_regularizer": _ANY,
+    "seed": _ANY,
+}
+_EMBEDDING_OPTIONS = {
+    **_BASE,
+    "vocabulary_size": _ANY,
+    "sequence_length": _ANY,
+    "embedding_dim": _ANY,
+    "mask_zero": _ANY,
+    "tie_weights": (True,),
+    "position_initializer": _ANY,
+    "embeddings_initializer": _ANY,
+    "position": ("learned",),
+    "max_wavelength": _ANY,
+}
+
+
+def _allowed(layer, options):
+    for key, value in layer.get_config().items():
+        if key not in options:
+            return False
+        accepted = options[key]
+        if accepted is not _ANY and value not in accepted:
+            return False
+    return True
+
+
+def _plain(dense):
+    """A kernel that is a plain weight: no quantization, no LoRA."""
+    return dense.quantization_mode is None and not dense.lora_enabled
+
+
+def _plain_norm(norm):
+    """Keras's layer norm over the last axis (not its RMS variant)."""
+    return (
+        isinstance(norm, keras.layers.LayerNormalization)
+        and not norm.rms_scaling
+        and norm.axis in (-1, [-1], (-1,))
+    )
+
+
+def _attention_allowed(attention):
+    return (
+        attention is not None
+        and _allowed(attention, _ATTENTION_OPTIONS)
+        and attention.score.dot_product_scale(attention.key_dim) is not None
+        and all(
+            _plain(d)
+            for d in (
+                attention.query_dense,
+                attention.key_dense,
+                attention.value_dense,
+                attention.output_dense,
+            )
+        )
+    )
+
+
+def _block_allowed(block):
+    feedforward = block.feedforward
+    norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
+    if block.cross_attention is not None:
+        if not _attention_allowed(block.cross_attention):
+            return False
+        norms.append(block.cross_attention_layer_norm)
+    return (
+        _allowed(block, _BLOCK_OPTIONS)
+        and _attention_allowed(block.self_attention)
+        and _allowed(feedforward, _FEEDFORWARD_OPTIONS)
+        and _plain(feedforward.intermediate_dense)
+        and _plain(feedforward.output_dense)
+        and all(_plain_norm(n) for n in norms)
+        and not kernels.is_recording()
+    )
+
+
+def block_step(block):
+    if not _block_allowed(block):
+        return None
+    return _BlockStep(block)
+
+
+def decoder_step(embedding, blocks, final_norm):
+    if not (
+        _allowed(embedding, _EMBEDDING_OPTIONS)
+        and _plain(embedding.token_embedding)
+        and embedding.token_embedding.logit_soft_cap is None
+        and (final_norm is None or _plain_norm(final_norm))
+    ):
+        return None
+    steps = [block_step(block) for block in blocks]
+    if any(step is None for step in steps):
+        return None
+    return _DecoderStep(embedding, steps, final_norm)
+
+
+def _torch_dtype(layer):
+    return getattr(torch, keras.backend.standardize_dtype(layer.compute_dtype))
+
+
+def _weight(variable, dtype):
+    return None if variable is None else variable.value.to(dtype)
+
+
+class _AttentionWeights:
+    """One attention layer's weights as `linear` operands."""
+
+    def __init__(self, attention, dtype, fuse_qkv):
+        denses = (attention.query_dense, attention.key_dense, attention.value_dense)
+        width = attention.query_dense.kernel.shape[0]
+        kernels_ = [_weight(d.kernel, dtype).reshape(d.kernel.shape[0], -1) for d in denses]
+        biases = [_weight(d.bias, dtype) for d in denses]
+        biases = [None if b is None else b.reshape(-1) for b in biases]
+        if fuse_qkv:
+            # One (3 widths, D) weight: a single GEMM gives q, k and v (the
+            # only copy; the other kernels are used through transposed views).
+            self.qkv = (
+                torch.cat(kernels_, dim=1).T,
+                None if biases[0] is None else torch.cat(biases),
+            )
+            self.splits = [k.shape[1] for k in kernels_]
+        self.query = (kernels_[0].T, biases[0])
+        self.key_value = (
+            torch.cat(kernels_[1:], dim=1).T,
+            None if biases[1] is None else torch.cat(biases[1:]),
+        )
+        output = attention.output_dense
+        self.output = (
+            _weight(output.kernel, dtype).reshape(-1, output.kernel.shape[-1]).T,
+            _weight(output.bias, dtype),
+        )
+        self.heads = attention.num_heads
+        self.kv_heads = attention.num_key_value_heads or attention.num_heads
+        self.groups = self.heads // self.kv_heads
+        self.head_size = attention.key_dim
+        self.scale = attention.score.dot_product_scale(attention.key_dim)
+        self.width = width
+
+    def attend(self, q, keys, values, mask=None):
+        """`q` `(B, 1, H K)`, keys and values `(B, n, G, K)` -> `(B, 1, D)`."""
+        batch = q.shape[0]
+        q = q.reshape(batch, 1, self.heads, self.head_size).transpose(1, 2)  # (B, H, 1, K)
+        keys = keys.transpose(1, 2)  # (B, G, n, K)
+        values = values.transpose(1, 2)  # (B, G, n, K)
+        if self.groups > 1:  # query head h reads key/value head h // groups
+            keys = keys.repeat_interleave(self.groups, dim=1)  # (B, H, n, K)
+            values = values.repeat_interleave(self.groups, dim=1)
+        attended = _guarded_sdpa(q, keys, values, mask, self.scale)  # (B, H, 1, K)
+        attended = attended.transpose(1, 2).reshape(batch, 1, -1)  # (B, 1, H K)
+        return F.linear(attended, *self.output)
+
+
+def _guarded_sdpa(q, keys, values, mask, scale):
+    """SDPA with the package's rules: a query that sees no key outputs 0, and
+    a non-finite key or value reaches only the queries that see it."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, keys, values, scale=scale)
+    allowed = mask[:, None, None, :]  # (B, 1, 1, n)
+    has_key = allowed.any(dim=-1, keepdim=True)  # (B, 1, 1, 1)
+    kernel_mask = allowed | ~has_key
+    output = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=kernel_mask, scale=scale
+    )
+    output = torch.where(has_key, output, torch.zeros_like(output))
+    if bool(torch.isfinite(output).all()):
+        return output
+    bad = ~(torch.isfinite(keys).all(-1) & torch.isfinite(values).all(-1))  # (B, H, n)
+    keys = torch.where(bad[..., None], torch.zeros_like(keys), keys)
+    values = torch.where(bad[..., None], torch.zeros_like(values), values)
+    output = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=kernel_mask, scale=scale
+    )
+    output = torch.where(has_key, output, torch.zeros_like(output))
+    sees_bad = (bad[:, :, None, :] & allowed).any(-1, keepdim=True)  # (B, H, 1, 1)
+    return torch.where(sees_bad, torch.full_like(output, float("nan")), output)
+
+
+class _BlockStep:
+    """One decoder block's cached step: weights gathered when made."""
+
+    def __init__(self, block):
+        dtype = _torch_dtype(block)
+        self.normalize_first = block.normalize_first
+        self.self_attention = _AttentionWeights(block.self_attention, dtype, True)
+        self.norm1 = _norm_weights(block.self_attention_layer_norm)
+        self.cross_attention = None
+        if block.cross_attention is not None:
+            self.cross_attention = _AttentionWeights(block.cross_attention, dtype, False)
+            self.norm_cross = _norm_weights(block.cross_attention_layer_norm)
+        feedforward = block.feedforward
+        self.intermediate = (
+            _weight(feedforward.intermediate_dense.kernel, dtype).T,
+            _weight(feedforward.intermediate_dense.bias, dtype),
+        )
+        self.activation = feedforward.activation
+        self.feedforward_output = (
+            _weight(feedforward.output_dense.kernel, dtype).T,
+            _weight(feedforward.output_dense.bias, dtype),
+        )
+        self.norm2 = _norm_weights(block.feedforward_layer_norm)
+
+    def _sublayer(self, x, norm, fn):
+        if self.normalize_first:
+            return x + fn(_layer_norm(x, norm))
+        return _layer_norm(x + fn(x), norm)
+
+    def __call__(self, x, self_cache, index, cross_cache=None, cross_mask=None):
+        i = int(index)
+        attention = self.self_attention
+
+        def self_attend(h):
+            q, k, v = torch.split(F.linear(h, *attention.qkv), attention.splits, dim=-1)
+            batch = h.shape[0]
+            shape = (batch, attention.kv_heads, attention.head_size)
+            self_cache[:, kv_cache.KEYS, i] = k.reshape(shape)  # (B, G, K)
+            self_cache[:, kv_cache.VALUES, i] = v.reshape(shape)  # (B, G, K)
+            keys = self_cache[:, kv_cache.KEYS, : i + 1]  # (B, i + 1, G, K)
+            values = self_cache[:, kv_cache.VALUES, : i + 1]
+            return attention.attend(q, keys, values)
+
+        x = self._sublayer(x, self.norm1, self_attend)
+        if self.cross_attention is not None:
+            cross = self.cross_attention
+
+            def cross_attend(h):
+                q = F.linear(h, *cross.query)  # (B, 1, H K)
+                keys = cross_cache[:, kv_cache.KEYS]  # (B, S, G, K)
+                values = cross_cache[:, kv_cache.VALUES]
+                mask = None if cross_mask is None else cross_mask.bool()  # (B, S)
+                return cross.attend(q, keys, values, mask)
+
+            x = self._sublayer(x, self.norm_cross, cross_attend)
+
+        def feedforward(h):
+            h = self.activation(F.linear(h, *self.intermediate))
+            return F.linear(h, *self.feedforward_output)
+
+        x = self._sublayer(x, self.norm2, feedforward)
+        return x, self_cache
+
+
+class _DecoderStep:
+    """A decoder-only model's step: embedding, blocks, norm, tied logits."""
+
+    def __init__(self, embedding, steps, final_norm):
+        dtype = _torch_dtype(embedding)
+        self.token_table = _weight(embedding.token_embedding.embeddings, dtype)  # (V, D)
+        self.position_table = _weight(
+            embedding.position_embedding.embeddings, dtype
+        )  # (L, D)
+        self.steps = steps
+        self.final_norm = None if final_norm is None else _norm_weights(final_norm)
+
+    def __call__(self, token_ids, caches, index):
+        i = int(index)
+        x = F.embedding(token_ids, self.token_table) + self.position_table[i]  # (B, 1, D)
+        for step, cache in zip(self.steps, caches):
+            x, _ = step(x, cache, i)
+        if self.final_norm is not None:
+            x = _layer_norm(x, self.final_norm)
+        return torch.matmul(x, self.token_table.T), caches  # (B, 1, V)
+
+
+def _norm_weights(norm):
+    gamma = None if norm.gamma is None else norm.gamma.value.float()
+    beta = None if norm.beta is None else norm.beta.value.float()
+    return gamma, beta, norm.epsilon
+
+
+def _layer_norm(x, weights):
+    """Keras's `LayerNormalization`: computed in float32, returned in `x`'s dtype."""
+    gamma, beta, epsilon = weights
+    output = F.layer_norm(x.float(), (x.shape[-1],), gamma, beta, epsilon)
+    return output.to(x.dtype)

@@ -1,0 +1,130 @@
+"""Which kernel a call takes: one table, its measured reasons beside it.
+
+`choose_kernel` reads the call (scorer, what it must return, dropout, causal
+flag, a cache, lengths, dtype) and the running backend's `Preferences`
+(`keras_attention.backend`) and goes down the table below; the first row that
+matches decides. The timings behind the reasons are in benchmarks/README.md
+(2-core CPU).
+
+| row | when                                          | kernel   | why |
+| --- | --------------------------------------------- | -------- | --- |
+| 1   | `fused=False`                                 | explicit | the caller asks for it |
+| 2   | the scorer is not `c * q.k`                   | explicit | only it takes any scorer (additive, bilinear) and any normalization (hard attention) |
+| 3   | weights returned, or dropout in training      | explicit | fused kernels never form the weights |
+| 4   | value head size != key head size              | explicit | Keras's fused kernels need equal sizes |
+| 5   | `chunk_long_queries`, scores > 512 MiB         | chunked  | a CPU kernel that holds all scores: 8,192 tokens in < 300 MiB, exact |
+| 6   | `blocked="always"`, static lengths            | blocked  | TensorFlow: 1.2-1.8x Keras's kernel, causal blocks skip work |
+| 7   | `blocked="causal_or_short"`, static lengths, causal or T <= 128 | blocked | JAX: skips the causal upper blocks; short queries (a decoding step) faster than Keras's kernel |
+| 8   | otherwise                                     | fused    | the backend's kernel (`ops.dot_product_attention`; torch: flash / memory-efficient SDPA) |
+
+Beside the kernel, a choice carries the dtype the kernel computes in (JAX's
+CPU kernel cannot run float16 under jit: float32) and how the NaN guard runs:
+as a `cond` that recomputes only when an output is non-finite, or always
+(`guard_with_cond=False`: XLA fuses the masked computation, while a `cond`
+stops fusion and keeps both branches for the backward pass). Attending to a
+cache always takes the `cond`: zeroing would read and write the whole cache
+at every decoding step.
+"""
+
+import dataclasses
+
+from keras_attention import backend
+from keras_attention.kernels import blocked
+from keras_attention.kernels import chunked
+
+EXPLICIT = "explicit"
+FUSED = "fused"
+BLOCKED = "blocked"
+CHUNKED = "chunked"
+# Row 7's short queries: one causal block.
+SHORT_QUERIES = blocked.BLOCK_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A kernel, the row that chose it, and how it runs."""
+
+    kernel: str
+    row: int
+    compute_dtype: str = None
+    chunk_size: int = None
+    guard_with_cond: bool = True
+
+
+def takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_sizes):
+    """Rows 1-4: the row number that sends the call to the explicit kernel,
+    or 0 when a fused kernel may run."""
+    if not fused:
+        return 1
+    if not dot_product:
+        return 2
+    if weights_needed or dropout_active:
+        return 3
+    if not same_head_sizes:
+        return 4
+    return 0
+
+
+def choose_kernel(
+    query_shape,
+    key_shape,
+    value_shape,
+    dtype,
+    *,
+    dot_product,
+    causal=False,
+    cached=False,
+    weights_needed=False,
+    dropout_active=False,
+    fused=True,
+    preferences=None,
+    chunk_above_bytes=chunked.CHUNK_ABOVE_BYTES,
+    chunk_bytes=chunked.CHUNK_BYTES,
+):
+    """The kernel for one call (the table above).
+
+    Args:
+        query_shape: `(B, T, H, K)`; key_shape: `(B, S, G, K)`;
+            value_shape: `(B, S, G, V)` (static dims or None).
+        dtype: the queries' dtype.
+        dot_product: whether the scorer is `c * q.k` (and no custom
+            normalization).
+        causal: the causal flag. cached: attending to a KV cache.
+        weights_needed: the weights are returned (or recorded).
+        dropout_active: dropout on the weights in this call.
+        fused: the layer's switch (False: always explicit).
+        preferences: a `backend.Preferences`; the running backend's by default.
+        chunk_above_bytes, chunk_bytes: row 5's thresholds.
+
+    Returns:
+        A `Choice`.
+    """
+    row = takes_fused(
+        fused, dot_product, weights_needed, dropout_active,
+        key_shape[-1] == value_shape[-1],
+    )
+    if row:
+        return Choice(EXPLICIT, row)
+    preferences = preferences or backend.preferences()
+    extras = dict(
+        compute_dtype=backend.kernel_dtype(dtype),
+        guard_with_cond=preferences.guard_with_cond or cached,
+    )
+    batch, query_length, heads = query_shape[:3]
+    key_length = key_shape[1]
+    static = query_length is not None and key_length is not None
+    if preferences.chunk_long_queries and static:
+        size = chunked.chunk_size(
+            batch, query_length, heads, key_length, chunk_above_bytes, chunk_bytes
+        )
+        if size is not None:
+            return Choice(CHUNKED, 5, chunk_size=size, **extras)
+    if preferences.blocked == "always" and static:
+        return Choice(BLOCKED, 6, **extras)
+    if (
+        preferences.blocked == "causal_or_short"
+        and static
+        and (causal or query_length <= SHORT_QUERIES)
+    ):
+        return Choice(BLOCKED, 7, **extras)
+    return Choice(FUSED, 8, **extras)

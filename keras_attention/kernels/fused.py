@@ -1,0 +1,103 @@
+"""The fused kernels with the package's rules around them.
+
+Shape legend: `B` batch, `T` query length, `S` key length, `H` query heads,
+`G` key/value heads, `K` head size, `V` value head size.
+
+A fused kernel never forms the weights, so the two rules the explicit kernel
+keeps by construction are kept around it: a query that may see no key gets
+an output of exactly 0 (kernels give it the mean of the values, or NaN), and
+NaN or inf in a key or value reaches only the queries that may see it.
+"""
+
+from keras import ops
+
+from keras_attention import backend
+from keras_attention import masking
+from keras_attention.kernels import choice as choices
+from keras_attention.kernels import explicit
+from keras_attention.kernels.blocked import blocked_attention
+from keras_attention.kernels.chunked import chunked_attention
+
+
+def _backend_kernel(q, k, v, mask, scale, is_causal=False):
+    """Keras's `ops.dot_product_attention` (the backend's fused kernel)."""
+    heads, groups = q.shape[2], k.shape[2]
+    if backend.preferences().repeat_single_key_value_head and groups == 1 < heads:
+        # Keras's TensorFlow kernel repeats key/value heads only for G > 1.
+        k = ops.repeat(k, heads, axis=2)  # (B, S, H, K)
+        v = ops.repeat(v, heads, axis=2)  # (B, S, H, V)
+    return ops.dot_product_attention(
+        q, k, v, mask=mask, scale=scale, is_causal=is_causal
+    )  # (B, T, H, V)
+
+
+def run(choice, q, k, v, mask, scale, is_causal):
+    """The chosen kernel alone; every row of `mask` must see a key."""
+    dtype = q.dtype
+    if choice.compute_dtype is not None and choice.compute_dtype != dtype:
+        q, k, v = (ops.cast(x, choice.compute_dtype) for x in (q, k, v))
+        return ops.cast(run(choice, q, k, v, mask, scale, is_causal), dtype)
+    if choice.kernel == choices.BLOCKED:
+        return blocked_attention(q, k, v, mask, scale, is_causal)  # any G
+    if choice.kernel == choices.CHUNKED:
+        return chunked_attention(
+            q, k, v, mask, scale, is_causal, choice.chunk_size, _backend_kernel
+        )
+    return _backend_kernel(q, k, v, mask, scale, is_causal)
+
+
+def masked_kernel(choice, q, k, v, mask, scale, is_causal):
+    """The kernel with a boolean mask; fully masked rows come out as 0."""
+    if mask is None:
+        return run(choice, q, k, v, None, scale, is_causal)
+    # Such rows see every key inside the kernel and are zeroed after it.
+    has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
+    kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
+    output = run(choice, q, k, v, kernel_mask, scale, False)
+    has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
+    return ops.where(has_key, output, ops.zeros_like(output))
+
+
+def attend(choice, q, k, v, mask, scale, is_causal):
+    """A fused kernel that keeps both rules.
+
+    A finite output proves nothing leaked (a leak makes NaN), so the plain
+    kernel's output is kept when it is finite, and only otherwise is the
+    attention recomputed with non-finite positions zeroed and NaN given back
+    to the queries that may see one: the check costs one reduction over the
+    output instead of passes over every key and value.
+
+    Args:
+        choice: a `choice.Choice` of a fused kernel.
+        q: `(B, T, H, K)`; k: `(B, S, G, K)`; v: `(B, S, G, V)`.
+        mask: optional boolean `(B|1, H|1, T, S)`; with `is_causal` None.
+        scale: the score scale.
+        is_causal: bool, causal attention with `T == S`.
+
+    Returns:
+        `(B, T, H, V)`.
+    """
+    if mask is None and not is_causal:
+        # Every query sees every key: nothing is hidden, nothing can leak.
+        return run(choice, q, k, v, None, scale, False)
+
+    def recompute():
+        clean_k, clean_v, bad = explicit.sanitize_nonfinite(k, v)
+        bad = ops.any(bad, axis=-1)  # (B, S)
+        output = masked_kernel(choice, q, clean_k, clean_v, mask, scale, is_causal)
+        if mask is None:
+            visible = bad[:, None, :]  # (B, 1, S)
+            if is_causal:
+                causal = masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+                visible = ops.logical_and(visible, causal[None])  # (B, T, S)
+            sees_bad = ops.any(visible, axis=-1)[:, :, None, None]  # (B, T|1, 1, 1)
+        else:
+            visible = ops.logical_and(mask, bad[:, None, None, :])  # (B, H|1, T, S)
+            sees_bad = ops.any(visible, axis=-1, keepdims=True)  # (B, H|1, T, 1)
+            sees_bad = ops.transpose(sees_bad, (0, 2, 1, 3))  # (B, T, H|1, 1)
+        return explicit.poison_outputs(output, sees_bad)
+
+    if not choice.guard_with_cond:
+        return recompute()
+    output = masked_kernel(choice, q, k, v, mask, scale, is_causal)
+    return backend.unless_nonfinite(output, recompute)

@@ -1,0 +1,164 @@
+"""The KV cache layout, in one place: create, write, read, check.
+
+Shape legend: `B` batch, `L` cache length (slots), `G` key/value heads, `K`
+head size, `N` blocks of a stack.
+
+One attention layer's cache is one tensor `(B, 2, L, G, K)`: the keys at
+index `KEYS` of axis 1, the values at `VALUES`. A stack of `N` blocks holds
+theirs on an axis after the batch, `(B, N, 2, L, G, K)`. Writes use
+`ops.slice_update`, so they work inside `ops.while_loop` and under jit.
+"""
+
+import numbers
+
+from keras import ops
+
+from keras_attention import masking
+
+KEYS = 0
+VALUES = 1
+
+
+def shape(batch, length, num_heads, head_dim):
+    """The shape `(B, 2, L, G, K)` of one layer's cache."""
+    return (batch, 2, length, num_heads, head_dim)
+
+
+def empty(batch, length, num_heads, head_dim, dtype):
+    """A zero cache `(B, 2, L, G, K)`: no slot written."""
+    return ops.zeros(shape(batch, length, num_heads, head_dim), dtype)
+
+
+def pack(keys, values):
+    """A cache `(B, 2, S, G, K)` holding `keys` and `values` `(B, S, G, K)`."""
+    return ops.stack([keys, values], axis=1)
+
+
+def read(cache):
+    """`(keys, values)`, each `(B, L, G, K)`."""
+    return cache[:, KEYS], cache[:, VALUES]
+
+
+def write(cache, keys, values, index):
+    """The cache with `keys`/`values` `(B, T, G, K)` at slots `index .. index + T - 1`."""
+    update = ops.cast(pack(keys, values), cache.dtype)  # (B, 2, T, G, K)
+    return ops.slice_update(cache, [0, 0, index, 0, 0], update)
+
+
+def write_packed(cache, update, index):
+    """`write` for an update already packed `(B, 2, T, G, K)`."""
+    return ops.slice_update(cache, [0, 0, index, 0, 0], ops.cast(update, cache.dtype))
+
+
+def length(cache):
+    """The number of slots `L` (static if known)."""
+    static = cache.shape[2]
+    return static if static is not None else ops.shape(cache)[2]
+
+
+def layer_cache(stacked, block):
+    """Block `block`'s cache `(B, 2, L, G, K)` of a stacked `(B, N, 2, L, G, K)`."""
+    return stacked[:, block]
+
+
+def stack(caches):
+    """Per-block caches as one stacked `(B, N, 2, L, G, K)`."""
+    return ops.stack(caches, axis=1)
+
+
+def check(cache, num_heads, head_dim, name="cache"):
+    """Raises unless `cache` has the shape `(batch, 2, max_length, G, K)`."""
+    expected = (2, None, num_heads, head_dim)
+    got = tuple(cache.shape)
+    if len(got) != 5 or any(
+        e is not None and d is not None and d != e for d, e in zip(got[1:], expected)
+    ):
+        raise ValueError(
+            f"`{name}` must have shape (batch, 2, max_length, {num_heads}, "
+            f"{head_dim}). Received: {name} with shape {got}"
+        )
+
+
+def check_stacked(cache, num_layers, name):
+    """Raises unless `cache` has the stacked shape `(batch, N, 2, L, G, K)`."""
+    if len(cache.shape) != 6 or cache.shape[1] != num_layers:
+        raise ValueError(
+            f"`{name}` must have shape (batch, num_layers={num_layers}, 2, "
+            f"length, key_value_heads, key_dim). Received: {name} with shape "
+            f"{tuple(cache.shape)}"
+        )
+
+
+def check_index(index, new_length, max_length, name="cache_update_index"):
+    """Raises if writing `new_length` slots at a Python int `index` overflows.
+
+    A tensor index is checked where it is known (the caller's loop)."""
+    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+        if index < 0 or (
+            max_length is not None
+            and new_length is not None
+            and index + new_length > max_length
+        ):
+            raise ValueError(
+                f"`{name}` out of range: writing {new_length} positions at "
+                f"{name}={index} into a cache of max_length={max_length}"
+            )
+
+
+def check_head_sizes(key_dim, value_dim):
+    """A cache holds keys and values in one tensor: their sizes must match."""
+    if value_dim != key_dim:
+        raise ValueError(
+            "A KV cache needs `value_dim == key_dim`. Received: "
+            f"key_dim={key_dim}, value_dim={value_dim}"
+        )
+
+
+def update(cache, keys, values, index, query_length, value_length, value_dim):
+    """An attention call's cache: checked, written at `index`, and read.
+
+    Args:
+        cache: `(B, 2, L, G, K)`, its shape checked (`check`).
+        keys, values: the new positions `(B, T, G, K)` (None when `index`
+            is None: the cache is read as it is).
+        index: where to write, or None.
+        query_length, value_length: the call's static lengths (or None).
+        value_dim: the layer's value head size (must be the key head size).
+
+    Returns:
+        `(cache, keys, values, written)`: the updated cache, all its keys and
+        values `(B, L, G, K)`, and the `(T, L)` mask of the slots query `t`
+        may see (`0 .. index + t`), or None when reading only.
+    """
+    check_update(cache, index, query_length, value_length, value_dim)
+    if index is None:
+        return (cache,) + read(cache) + (None,)
+    cache = write(cache, keys, values, index)
+    written = masking.causal_mask(
+        ops.shape(keys)[1], length(cache), query_start=index
+    )  # (T, L): causal among the new positions
+    return (cache,) + read(cache) + (written,)
+
+
+def check_update(cache, index, query_length, value_length, value_dim):
+    """The checks of an attention call with a `cache` of a checked shape
+    (`index` None: read only).
+
+    Raises a `ValueError` for value heads of another size than key heads, an
+    index out of range, or new keys and values whose length is not the
+    queries' (a cache update writes the queries' own positions).
+    """
+    check_head_sizes(cache.shape[4], value_dim)
+    check_index(index, query_length, cache.shape[2])
+    if (
+        index is not None
+        and None not in (value_length, query_length)
+        and value_length != query_length
+    ):
+        raise ValueError(
+            "A cache update writes the keys and values of the queries' "
+            "own positions, so `value` must have the query's length; "
+            "fill a cross-attention cache with `compute_cache`. "
+            f"Received: query length={query_length}, value length="
+            f"{value_length}, cache_update_index={index!r}"
+        )

@@ -1,0 +1,170 @@
+"""Projections: a layer's kernel as one GEMM where the backend prefers it.
+
+Shape legend: `B` batch, `T` length, `D` input width, `N` output width, `H`
+query heads, `G` key/value heads, `K` key head size, `V` value head size.
+
+Keras's `Dense` and `EinsumDense` compute `x @ kernel` and then add the bias
+in a second pass. Where the backend prefers (`Preferences.linear_projections`:
+torch, whose `linear` adds the bias inside the GEMM), a projection with a
+plain kernel runs as one `backend.linear` call, which also skips the
+layer-call machinery, most of the cost of a small eager decoding step.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import backend
+
+
+def is_plain(dense):
+    """A kernel that is a plain weight: no quantization, no LoRA."""
+    return dense.quantization_mode is None and not dense.lora_enabled
+
+
+def takes_linear(dense):
+    """Whether `dense` is better called as one `backend.linear`."""
+    return backend.preferences().linear_projections and is_plain(dense)
+
+
+def dense_call(dense, x):
+    """`dense(x)` for a built `keras.layers.Dense` without activation."""
+    if not takes_linear(dense):
+        return dense(x)
+    x = ops.convert_to_tensor(x, dense.compute_dtype)  # as the layer casts
+    return backend.linear(x, dense.kernel, dense.bias)
+
+
+def project(dense, x, merge_heads=False):
+    """An attention projection (`EinsumDense` to or from heads).
+
+    `(B, T, D) -> (B, T, heads, size)`, or with `merge_heads`
+    `(B, T, H, V) -> (B, T, O)` (the output projection).
+    """
+    if not takes_linear(dense):
+        return dense(x)
+    x = ops.convert_to_tensor(x, dense.compute_dtype)  # as the layer casts
+    batch, length = ops.shape(x)[0], ops.shape(x)[1]
+    if merge_heads:
+        x = ops.reshape(x, (batch, length, -1))  # (B, T, H V)
+    kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))  # (D, N)
+    bias = None if dense.bias is None else ops.reshape(dense.bias, (-1,))  # (N,)
+    output = backend.linear(x, kernel, bias)
+    if merge_heads:
+        return output  # (B, T, O)
+    return ops.reshape(output, (batch, length) + tuple(dense.kernel.shape[1:]))
+
+
+def project_self(query_dense, key_dense, value_dense, x):
+    """Self-attention's Q, K and V as one `(D, HK + GK + GV)` matmul.
+
+    One large matmul instead of three smaller ones reads `x` once and fills
+    the machine better; the kernels stay three weights (Keras's layout) and
+    are concatenated on the fly, which costs `O(D N)` next to the matmul's
+    `O(B T D N)`.
+
+    Returns:
+        `q` `(B, T, H, K)`, `k` `(B, T, G, K)`, `v` `(B, T, G, V)`.
+    """
+    denses = (query_dense, key_dense, value_dense)
+    width = x.shape[-1]
+    kernel = ops.concatenate(
+        [ops.reshape(d.kernel, (width, -1)) for d in denses], axis=1
+    )  # (D, N)
+    bias = None
+    if query_dense.bias is not None:
+        bias = ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses])
+    x = ops.convert_to_tensor(x, query_dense.compute_dtype)
+    qkv = backend.linear(x, kernel, bias)  # (B, T, N)
+    sizes = [d.kernel.shape[1] * d.kernel.shape[2] for d in denses]
+    q, k, v = ops.split(qkv, [sizes[0], sizes[0] + sizes[1]], axis=-1)
+    batch, length = ops.shape(x)[0], ops.shape(x)[1]
+    return tuple(
+        ops.reshape(t, (batch, length) + tuple(d.kernel.shape[1:]))
+        for t, d in zip((q, k, v), denses)
+    )  # (B, T, H, K), (B, T, G, K), (B, T, G, V)
+
+
+def fusable(denses, width):
+    """Whether the kernels can be concatenated (plain, reading `width`)."""
+    return all(is_plain(d) and d.kernel.shape[0] == width for d in denses)
+
+
+def einsum_dense(layer, equation, output_shape, bias_axes, name):
+    """An attention projection of `layer`, with its initializers (fresh
+    instances, so that no two kernels start equal), regularizers,
+    constraints, bias switch and dtype policy."""
+    initializers = {
+        key: getattr(layer, key).__class__.from_config(getattr(layer, key).get_config())
+        for key in ("kernel_initializer", "bias_initializer")
+    }
+    dense = keras.layers.EinsumDense(
+        equation,
+        output_shape=output_shape,
+        bias_axes=bias_axes if layer.use_bias else None,
+        kernel_regularizer=layer.kernel_regularizer,
+        bias_regularizer=layer.bias_regularizer,
+        kernel_constraint=layer.kernel_constraint,
+        bias_constraint=layer.bias_constraint,
+        dtype=layer.dtype_policy,
+        name=name,
+        **initializers,
+    )
+    # The projections are position-wise, so a padding mask carries over;
+    # without this, Keras warns on every call with a masked input that the
+    # projection "destroys the mask".
+    dense.supports_masking = True
+    return dense
+
+
+def convert_self_attention_inputs(layer, query, value, args, kwargs):
+    """`layer(x, x)` with a numpy `x`, converted once.
+
+    Keras converts each argument on its own, so the same array would reach
+    `call` as two tensors and miss the fused self-attention projection. (A
+    numpy array carries no Keras mask to keep.) Returns `(query, value, args,
+    kwargs)` for `Layer.__call__`.
+    """
+    key = kwargs.get("key", args[0] if args else None)
+    if (
+        value is not query
+        or (key is not None and key is not query)
+        or ops.is_tensor(query)
+        or isinstance(query, keras.KerasTensor)
+    ):
+        return query, value, args, kwargs
+    query = value = layer.dtype_policy.convert_input(
+        query, layer.autocast, layer.input_dtype
+    )
+    if key is not None:
+        if "key" in kwargs:
+            kwargs["key"] = query
+        else:
+            args = (query,) + tuple(args[1:])
+    return query, value, args, kwargs
+
+
+def attention_projections(layer, query_shape, value_shape, key_shape):
+    """Multi-head attention's four projections, built, in Keras's layout.
+
+    Query `(D, H, K)`, key `(D, G, K)`, value `(D, G, V)` and output
+    `(H, V, O)` kernels, as `keras.layers.MultiHeadAttention` has them, so
+    weights move between the two unchanged.
+    """
+    heads, kv_heads = layer.num_heads, layer.num_key_value_heads or layer.num_heads
+    key_dim, value_dim = layer.key_dim, layer.value_dim or layer.key_dim
+    width = layer.output_shape[-1] if layer.output_shape else query_shape[-1]
+    specs = (
+        ("btd,dhk->bthk", (None, heads, key_dim), "hk", "query", query_shape),
+        ("bsd,dgk->bsgk", (None, kv_heads, key_dim), "gk", "key", key_shape),
+        ("bsd,dgv->bsgv", (None, kv_heads, value_dim), "gv", "value", value_shape),
+        (
+            "bthv,hvo->bto", (None, width), "o", "attention_output",
+            (query_shape[0], query_shape[1], heads, value_dim),
+        ),
+    )
+    denses = []
+    for equation, output_shape, bias_axes, name, input_shape in specs:
+        dense = einsum_dense(layer, equation, output_shape, bias_axes, name)
+        dense.build(input_shape)
+        denses.append(dense)
+    return tuple(denses)

@@ -1,0 +1,234 @@
+"""The generation core: prompts in, tokens out, for any model that gives a step.
+
+Shape legend: `B` batch, `P` prompt length, `V` vocabulary size, `L` total
+length (prompt and new tokens).
+
+A model supplies a *step*, `step(token_ids, caches, index) -> (logits,
+caches)`, which runs `T` tokens at positions `index .. index + T - 1`
+through its layers with their KV caches, and the empty caches to start from.
+`Generator` owns everything else, written once for every model:
+
+- the arguments' checks (`sampling`, `temperature`, `top_k`, `top_p`, stop
+  and pad ids, ragged prompts given by a padding mask);
+- prefill: the shortest prompt runs through the step at once;
+- the decoding loop (`ops.while_loop`): each step samples a token
+  (`sampling.next_token`: greedy, random, top-k, top-p, stateless noise
+  keyed by `(seed, position)`), keeps prompt tokens where a longer prompt
+  still has them, ends rows at a stop token or their length, and extends
+  the caches by one token;
+- the compilation per backend (`backend.compile_decoding`: one `jax.jit`,
+  `tf.function` with XLA, or on torch an eager loop on a step in plain
+  torch operations where the model's layers allow one), made once per
+  sampling configuration and kept.
+"""
+
+import numpy as np
+
+import keras
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention import backend
+from keras_attention.models import sampling as sampling_lib
+
+
+def check_sampling(sampling, temperature, top_k, top_p):
+    """Raises for a bad sampling configuration; returns `top_k` as an int."""
+    if sampling not in sampling_lib.SAMPLING:
+        raise ValueError(
+            f"`sampling` must be one of {sampling_lib.SAMPLING}. Received: "
+            f"sampling={sampling!r}"
+        )
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, (int, float)) and temperature > 0
+    ):
+        raise ValueError(
+            "`temperature` must be a positive float. Received: "
+            f"temperature={temperature!r}"
+        )
+    if sampling == "top_k":
+        top_k = _validation.check_positive_int("top_k", top_k)
+    if sampling == "top_p" and not (
+        isinstance(top_p, (int, float)) and 0 < top_p <= 1
+    ):
+        raise ValueError(
+            f"`top_p` must be a float in (0, 1]. Received: top_p={top_p!r}"
+        )
+    return top_k
+
+
+def prompt_lengths(prompt, prompt_padding_mask):
+    """Each row's prompt length `(B,)`: all of it, or the mask's True prefix."""
+    batch, prompt_length = prompt.shape
+    if prompt_padding_mask is None:
+        return np.full((batch,), prompt_length)
+    mask = np.asarray(keras.ops.convert_to_numpy(prompt_padding_mask)).astype(bool)
+    lengths = mask.sum(axis=1)
+    if (
+        mask.shape != prompt.shape
+        or not np.array_equal(mask, np.arange(prompt_length)[None] < lengths[:, None])
+        or lengths.min() == 0
+    ):
+        raise ValueError(
+            "`prompt_padding_mask` must have the shape of `prompt_ids` "
+            "and mark a non-empty prefix of each row (right padding). "
+            f"Received: a mask of shape {mask.shape}"
+        )
+    return lengths
+
+
+def decode(
+    prefill, step, caches, ids, in_prompt, limits, seed, temperature, top_p,
+    *, sampling, top_k, stop, pad_token_id, start,
+):
+    """The decoding loop, in `keras.ops`.
+
+    Args:
+        prefill: the model's step through its layers, for the prompts.
+        step: the step for one token at a time (the same, or a fast one).
+        caches: the empty caches the step starts from.
+        ids: int32 `(B, L)`, prompts then `pad_token_id`.
+        in_prompt: bool `(B, L)`, where `ids` holds a prompt token.
+        limits: int32 `(B,)`, each row's total length.
+        seed, temperature, top_p: scalars (tensors under a compiler).
+        sampling, top_k, stop, pad_token_id, start: static: the sampling
+            configuration, stop ids, the pad id, the shortest prompt.
+
+    Returns:
+        int32 `(B, L)`.
+    """
+    ids = ops.convert_to_tensor(ids, "int32")
+    batch, total = ids.shape[0], ids.shape[1]
+    logits, caches = prefill(ids[:, :start], caches, 0)
+    next_logits = logits[:, -1]  # (B, V)
+    done = ops.zeros((batch,), "bool")
+    pad = ops.full((batch,), pad_token_id, "int32")
+    stop_ids = ops.convert_to_tensor(list(stop), "int32") if stop else None
+
+    def condition(i, ids, caches, next_logits, done):
+        return ops.logical_and(i < total, ops.logical_not(ops.all(done)))
+
+    def body(i, ids, caches, next_logits, done):
+        sampled = sampling_lib.next_token(
+            next_logits, sampling, temperature, top_k, top_p, seed, i
+        )  # (B,)
+        given = ops.take(ids, i, axis=1)  # (B,) prompt token or padding
+        from_prompt = ops.take(in_prompt, i, axis=1)  # (B,)
+        token = ops.where(from_prompt, given, sampled)
+        finished = ops.logical_or(done, i >= limits)
+        token = ops.where(finished, pad, token)
+        if stop_ids is not None:
+            stopped = ops.any(token[:, None] == stop_ids[None, :], axis=-1)
+            stopped = ops.logical_and(stopped, ops.logical_not(from_prompt))
+            finished = ops.logical_or(finished, stopped)
+        done = ops.logical_or(finished, i + 1 >= limits)
+        ids = ops.slice_update(ids, (0, i), token[:, None])
+        logits, caches = step(token[:, None], caches, i)
+        return i + 1, ids, caches, logits[:, -1], done
+
+    i = ops.convert_to_tensor(start, "int32")
+    _, ids, _, _, _ = ops.while_loop(
+        condition, body, (i, ids, caches, next_logits, done)
+    )
+    return ids
+
+
+class Generator:
+    """Cached, compiled generation for one model.
+
+    Args:
+        step: `step(token_ids, caches, index) -> (logits, caches)` through
+            the model's layers.
+        empty_caches: `empty_caches(batch, length)`, the caches `step`
+            starts from.
+        variables: a function returning the model's variables (read when a
+            loop is compiled).
+        vocabulary_size: int, the ids a token may take.
+        max_length: int, the longest prompt plus new tokens.
+        fast_step: optional zero-argument function returning a step in the
+            backend's own operations, or None (see `backend.decoder_step`).
+    """
+
+    def __init__(
+        self, step, empty_caches, variables, vocabulary_size, max_length, fast_step=None
+    ):
+        self.step = step
+        self.empty_caches = empty_caches
+        self.variables = variables
+        self.vocabulary_size = vocabulary_size
+        self.max_length = max_length
+        self.fast_step = fast_step
+        self._functions = {}
+
+    def generate(
+        self,
+        prompt,
+        max_new_tokens,
+        sampling="greedy",
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        stop_token_ids=None,
+        prompt_padding_mask=None,
+        pad_token_id=0,
+    ):
+        """`prompt` int numpy `(B, P)` (checked by the model) continued by
+        `max_new_tokens`; the arguments of `GPT.generate`. Returns int32
+        numpy `(B, P + max_new_tokens)`."""
+        max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
+        batch, prompt_length = prompt.shape
+        total = prompt_length + max_new_tokens
+        if total > self.max_length:
+            raise ValueError(
+                "The prompt and the new tokens must fit in "
+                f"max_sequence_length={self.max_length}. Received: "
+                f"prompt length {prompt_length} + max_new_tokens={max_new_tokens} "
+                f"= {total}"
+            )
+        top_k = check_sampling(sampling, temperature, top_k, top_p)
+        stop = tuple(int(t) for t in (stop_token_ids or ()))
+        for token in stop + (pad_token_id,):
+            if not 0 <= token < self.vocabulary_size:
+                raise ValueError(
+                    "`stop_token_ids` and `pad_token_id` must be ids in "
+                    f"[0, {self.vocabulary_size}). Received: {token}"
+                )
+        lengths = prompt_lengths(prompt, prompt_padding_mask)
+        if seed is None:
+            seed = int(np.random.randint(0, 2**31 - 1))
+        seed = _validation.check_seed("seed", seed)
+
+        ids = np.full((batch, total), pad_token_id, "int32")
+        ids[:, :prompt_length] = prompt
+        in_prompt = np.arange(total)[None] < lengths[:, None]  # (B, L)
+        limits = (lengths + max_new_tokens).astype("int32")  # (B,)
+        start = int(lengths.min())
+        function = self._function(sampling, top_k, stop, pad_token_id, start)
+        output = function(
+            ids,
+            in_prompt,
+            limits,
+            np.int32(seed),
+            np.float32(temperature),
+            np.float32(top_p if top_p is not None else 1.0),
+        )
+        return np.asarray(keras.ops.convert_to_numpy(output)).astype("int32")
+
+    def _function(self, sampling, top_k, stop, pad_token_id, start):
+        """The compiled loop for one sampling configuration, made once."""
+        key = (sampling, top_k, stop, pad_token_id, start)
+        if key not in self._functions:
+            options = dict(
+                sampling=sampling, top_k=top_k, stop=stop,
+                pad_token_id=pad_token_id, start=start,
+            )
+
+            def loop(ids, *args, step=None):
+                caches = self.empty_caches(ids.shape[0], ids.shape[1])
+                return decode(self.step, step or self.step, caches, ids, *args, **options)
+
+            self._functions[key] = backend.compile_decoding(
+                loop, self.variables(), self.fast_step
+            )
+        return self._functions[key]
