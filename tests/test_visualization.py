@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import harness
+from keras_attention import kernels
+from keras_attention.kernels import choice
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import TransformerDecoder
 from keras_attention.layers import TransformerDecoderBlock
@@ -94,21 +96,15 @@ def _explicit_weights(model, inputs):
 # capture_attention.
 
 
-def test_captures_every_layer_and_head_as_the_explicit_path_gives(monkeypatch):
+def test_captures_every_layer_and_head_as_the_explicit_path_gives():
     model = _model()
     inputs = _model_inputs()
     expected = _explicit_weights(model, inputs)
     # Count the calls of the fused kernel: the model's call takes it, and the
     # weights are recomputed from the same projections and masks.
-    fused_calls = []
-    original = MultiHeadAttention._fused_attention
-
-    def counting(self, *args, **kwargs):
-        fused_calls.append(self.path)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(MultiHeadAttention, "_fused_attention", counting)
-    maps = capture_attention(model, inputs)
+    with kernels.tracing() as taken:
+        maps = capture_attention(model, inputs)
+    fused_calls = [o.path for o, c in taken if c.kernel != choice.EXPLICIT]
     names = [name for name, _ in maps]
     assert names == [
         "encoder/block_0/self_attention",
@@ -136,10 +132,8 @@ def test_captures_every_layer_and_head_as_the_explicit_path_gives(monkeypatch):
         weights = maps[index][1]
         assert np.all(weights[..., ~np.tril(np.ones((T, T), bool))] == 0)
         np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
-    # The recorders are removed afterwards.
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, MultiHeadAttention):
-            assert layer._attention_recorder is None
+    # Recording ends with the capture.
+    assert not kernels.is_recording()
 
 
 def test_captures_a_block_on_either_path_and_in_inference_mode():
@@ -256,3 +250,39 @@ def test_plot_rejects_weights_of_the_wrong_rank():
         r"Received: weights with shape \(2, 4, 5, 7\)",
     ):
         plot_attention(np.zeros((2, H, T, S)))
+
+
+def test_captures_the_demo_model_built_from_self_attention():
+    demo = harness.load_module(harness.ROOT / "examples" / "demo" / "train.py", "demo_capture")
+    config = demo.Config(**demo.TINY)
+    model = demo.build_model(config, 11)
+    tokens = np.random.default_rng(0).integers(0, 11, size=(2, 6)).astype("int32")
+    with kernels.tracing() as taken:
+        maps = capture_attention(model, tokens)
+    heads = config.num_layers * config.num_heads
+    assert len(maps) == heads
+    assert maps[0][0] == "block0_head0/attention"
+    # Each SelfAttention head is one head of the core; causal, distributions.
+    future = np.triu(np.ones((6, 6), bool), 1)
+    for name, weights in maps:
+        assert weights.shape == (2, 1, 6, 6), name
+        assert np.all(weights[..., future] == 0), name
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    # SoftAttention's dot-product scorer takes a fused kernel; the weights
+    # come from the explicit kernel all the same.
+    assert [c.kernel != choice.EXPLICIT for _, c in taken] == [True] * heads
+
+
+def test_captures_hard_attention_selections():
+    from keras_attention.layers import HardAttention
+
+    query = keras.Input((None, 4))
+    value = keras.Input((None, 4))
+    hard = HardAttention(score="dot", selection="argmax", name="hard")
+    model = keras.Model([query, value], hard(query, value))
+    q, v = _normal((2, 3, 4)), _normal((2, 5, 4), seed=1)
+    [(name, weights)] = capture_attention(model, [q, v])
+    assert name == "hard" and weights.shape == (2, 1, 3, 5)
+    _, _, selection = hard(q, v, return_attention_scores=True)
+    np.testing.assert_array_equal(weights[:, 0], harness.to_numpy(selection))
+    assert np.all(weights.sum(-1) == 1.0)

@@ -8,7 +8,7 @@ import pytest
 
 import harness
 from keras_attention.layers import FeedForward
-from keras_attention.layers.feed_forward import gelu_approximate
+from keras_attention.activations import gelu_approximate
 
 BATCH, LENGTH, DIM, HIDDEN = 2, 5, 8, 16
 

@@ -16,7 +16,9 @@ from keras import ops
 import harness
 import numpy_reference as ref
 from keras_attention.layers import MultiHeadAttention
-from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention import kernels
+from keras_attention.kernels import choice
+from keras_attention.layers import _projection
 
 BACKEND = keras.backend.backend()
 SCORERS = ["dot", "scaled_dot", "additive", "bilinear"]
@@ -632,16 +634,7 @@ def test_causal_outputs_ignore_the_future(fused):
         assert not np.allclose(after[:, t + 1 :], before[:, t + 1 :], atol=1e-3)
 
 
-def test_uses_fused_path_reports_the_path_taken(monkeypatch):
-    taken = []
-    for name in ("_fused_attention", "_explicit_attention"):
-        original = getattr(MultiHeadAttention, name)
-
-        def spy(self, *args, _original=original, _name=name, **kwargs):
-            taken.append(_name == "_fused_attention")
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(MultiHeadAttention, name, spy)
+def test_uses_fused_path_reports_the_path_taken():
     x = _normal((B, T, DQ))
 
     def check(layer, expected, training=False, return_attention_scores=False):
@@ -649,9 +642,9 @@ def test_uses_fused_path_reports_the_path_taken(monkeypatch):
             training=training, return_attention_scores=return_attention_scores
         )
         assert layer.uses_fused_path(**kwargs) is expected
-        taken.clear()
-        layer(x, x, **kwargs)
-        assert taken == [expected]
+        with kernels.tracing() as taken:
+            layer(x, x, **kwargs)
+        assert [(o, c.kernel != choice.EXPLICIT) for o, c in taken] == [(layer, expected)]
 
     dropout = _mha(dropout=0.5, seed=1)
     check(dropout, False, training=True)
@@ -773,157 +766,31 @@ def test_nan_and_inf_in_masked_positions_do_not_leak(fused):
     assert np.all(poisoned[:, -1] == harness.to_numpy(layer.output_dense.bias))
 
 
-def test_query_chunk_size(monkeypatch):
-    q = ops.zeros((B, 7, H, K))
-    k = ops.zeros((B, 5, H, K))
-    assert mha_module._query_chunk_size(q, k) is None  # short: one block
-    per_query = B * H * 5 * 4  # bytes of float32 scores of one query
-    monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", 3 * per_query)
-    # Under the threshold the scores stay one block, whatever the chunk size.
-    assert mha_module._query_chunk_size(q, k) is None
-    monkeypatch.setattr(mha_module, "_CHUNK_ABOVE_SCORE_BYTES", 7 * per_query - 1)
-    expected = 3 if BACKEND in ("tensorflow", "jax") else None
-    assert mha_module._query_chunk_size(q, k) == expected
-    monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", 7 * per_query)
-    assert mha_module._query_chunk_size(q, k) is None  # one chunk is one block
-    monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", 1)
-    assert mha_module._query_chunk_size(q, k) == (1 if expected else None)
-
-
-@pytest.mark.parametrize("case, chunk", [("self_causal", 2), ("cross_masks_causal", 3)])
-def test_query_chunks_equal_one_block(monkeypatch, case, chunk):
-    # T = 5 queries in chunks of 2 (2 + 2 + 1) or 3 (3 + 2).
-    query, value, key = _cross_inputs()
-    if case == "self_causal":
-        value = key = query
-    s = value.shape[1]
-    query_mask, value_mask, attention_mask = _masks(s=s)
-    if case == "self_causal":
-        # The causal flag alone: each chunk builds its own causal rows.
-        kwargs = dict(use_causal_mask=True)
-    else:
-        # Padding, an attention mask and the bottom-right causal mask.
-        kwargs = dict(
-            query_mask=query_mask,
-            value_mask=value_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=True,
-        )
-    layer = _built(_mha(), query, value, key)
-
-    def fn(q, v, k):
-        return layer(q, v, key=k, **kwargs)
-
-    whole = _call(layer, query, value, key=key, **kwargs)
-    whole_grads = gradients(fn, [query, value, key])
-
-    sizes = []
-    original = mha_module._query_chunk_size
-
-    def recording(q, k):
-        sizes.append(original(q, k))
-        return sizes[-1]
-
-    monkeypatch.setattr(mha_module, "_query_chunk_size", recording)
-    monkeypatch.setattr(mha_module, "_CHUNK_ABOVE_SCORE_BYTES", 0)
-    monkeypatch.setattr(mha_module, "_CHUNK_SCORE_BYTES", chunk * B * H * s * 4)
-    chunked = _call(layer, query, value, key=key, **kwargs)
-    chunked_grads = gradients(fn, [query, value, key])
-    # Torch's kernels are memory-efficient already: it never chunks.
-    assert set(sizes) == ({chunk} if BACKEND in ("tensorflow", "jax") else {None})
-    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5)
-    for got, want in zip(chunked_grads, whole_grads):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    expected, _ = numpy_mha(
-        layer,
-        query,
-        value,
-        key,
-        _combined(
-            kwargs.get("query_mask"),
-            kwargs.get("value_mask"),
-            kwargs.get("attention_mask"),
-            s=s,
-        )
-        & ref.causal_mask(T, s),
+def test_long_sequences_take_query_chunks_where_the_backend_chunks():
+    # The table's row 5 for the layer's own shapes (the kernel itself is
+    # tested in tests/kernels): TensorFlow and JAX chunk, torch's kernel
+    # is memory-efficient already.
+    q_shape, k_shape = (B, 8192, H, K), (B, 8192, H, K)  # 2 GiB of scores
+    chosen = kernels.choose_kernel(
+        q_shape, k_shape, k_shape, "float32", dot_product=True
     )
-    np.testing.assert_allclose(chunked, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_causal_blocks_cover_the_queries_once(monkeypatch):
-    monkeypatch.setattr(mha_module, "_CAUSAL_BLOCK", 4)
-    blocks = mha_module._causal_blocks(19, 19)
-    assert len(blocks) == 4 and blocks[0][0] == 0 and blocks[-1][1] == 19
-    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(blocks, blocks[1:]))
-    monkeypatch.setattr(mha_module, "_MAX_CAUSAL_BLOCKS", 3)
-    assert len(mha_module._causal_blocks(19, 19)) == 3
-    assert mha_module._causal_blocks(7, 19) == [(0, 7)]  # under two blocks
-    assert mha_module._causal_blocks(19, 7) == [(0, 19)]  # T > S: rows see nothing
-
-
-def _numpy_kernel(q, k, v, allowed, scale):
-    """softmax(q k^T scale) v per head in float64; `(B, T, H, K)` layout."""
-    serving = np.arange(q.shape[2]) // (q.shape[2] // k.shape[2])
-    k, v = k[:, :, serving].astype("float64"), v[:, :, serving].astype("float64")
-    scores = np.einsum("bthk,bshk->bhts", q.astype("float64"), k) * scale
-    scores = np.where(allowed, scores, -np.inf)
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    return np.einsum("bhts,bshk->bthk", weights, v)
-
-
-@pytest.mark.parametrize(
-    "t, s, groups, masked",
-    [(19, 19, 4, False), (13, 21, 2, True), (9, 9, 1, True), (1, 9, 2, True)],
-    ids=["self", "offset_gqa_mask", "mqa_mask", "one_query"],
-)
-def test_blocked_kernel_matches_numpy(monkeypatch, t, s, groups, masked):
-    # The kernel TensorFlow and JAX take (pure keras.ops, so it runs on every
-    # backend here): causal blocks of at least 3 queries, bottom-right
-    # aligned, with a per-head mask or one broadcast over the queries.
-    monkeypatch.setattr(mha_module, "_CAUSAL_BLOCK", 3)
-    rng = np.random.default_rng(11)
-    q = _normal((B, t, H, K), seed=1)
-    k, v = _normal((B, s, groups, K), seed=2), _normal((B, s, groups, K), seed=3)
-    for causal in (True, False):
-        allowed = np.ones((B, H, t, s), bool)
-        mask = None
-        if masked:
-            mask = rng.random((B, H, 1 if t == 1 else t, s)) > 0.4
-            mask[..., -1] = True  # every row sees a key
-            allowed &= mask
-        if causal:
-            allowed &= ref.causal_mask(t, s)
-        got = mha_module._blocked_attention(q, k, v, mask, 0.7, causal)
-        np.testing.assert_allclose(
-            harness.to_numpy(got),
-            _numpy_kernel(q, k, v, allowed, 0.7),
-            rtol=1e-5,
-            atol=1e-5,
-        )
+    assert chosen.kernel == (
+        choice.CHUNKED if BACKEND in ("tensorflow", "jax") else choice.FUSED
+    )
 
 
 @pytest.mark.parametrize("num_key_value_heads", [None, 2])
-def test_causal_self_attention_in_blocks_equals_explicit_path(
-    monkeypatch, num_key_value_heads
+def test_causal_self_attention_on_the_blocked_kernel_equals_explicit_path(
+    num_key_value_heads,
 ):
-    monkeypatch.setattr(mha_module, "_CAUSAL_BLOCK", 4)
-    t = 19  # blocks of 5, 5, 5 and 4 queries
+    t = 19
     x = _normal((B, t, DQ), seed=5)
     layer = _built(_mha(num_key_value_heads=num_key_value_heads), x, x)
     explicit = _twin(layer, x, x, fused=False)
-    taken = []
-    original = mha_module._blocked_attention
-
-    def recording(q, k, v, mask, scale, is_causal):
-        taken.append((mask is None, is_causal))
-        return original(q, k, v, mask, scale, is_causal)
-
-    monkeypatch.setattr(mha_module, "_blocked_attention", recording)
-    got = _call(layer, x, x, use_causal_mask=True)
+    with kernels.tracing() as taken:
+        got = _call(layer, x, x, use_causal_mask=True)
     blocked = BACKEND in ("tensorflow", "jax")  # torch keeps its own kernel
-    assert taken == ([(True, True)] if blocked else [])
+    assert taken[0][1].kernel == (choice.BLOCKED if blocked else choice.FUSED)
     expected, _ = numpy_mha(layer, x, x, mask=ref.causal_mask(t, t))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     grads = gradients(lambda x: layer(x, x, use_causal_mask=True), [x])
@@ -1391,13 +1258,13 @@ def test_self_attention_projections_fused_into_one_matmul(monkeypatch, kwargs):
     split = _twin(fused, x, x)
     split.fuse_projections = False
     taken = []
-    original = MultiHeadAttention._project_self
+    original = _projection.project_self
 
-    def recording(self, inputs):
-        taken.append(self.name)
-        return original(self, inputs)
+    def recording(query_dense, key_dense, value_dense, inputs):
+        taken.append(query_dense.path.split("/")[0])
+        return original(query_dense, key_dense, value_dense, inputs)
 
-    monkeypatch.setattr(MultiHeadAttention, "_project_self", recording)
+    monkeypatch.setattr(_projection, "project_self", recording)
     value_mask = np.ones((B, T), bool)
     value_mask[0, -2:] = False
     call = dict(value_mask=value_mask, use_causal_mask=True)
@@ -1555,4 +1422,4 @@ def test_capture_attention_records_the_weights_of_both_paths():
     assert np.all(np.triu(np.ones((T, T), bool), 1)[None, None] <= (weights == 0))
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
     # Recording stops after the capture, and the output is unchanged by it.
-    assert layer._attention_recorder is None
+    assert not kernels.is_recording()

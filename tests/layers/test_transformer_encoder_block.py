@@ -18,7 +18,7 @@ import harness
 import numpy_reference as ref
 from keras_attention import scoring
 from keras_attention.layers import TransformerEncoderBlock
-from keras_attention.layers.feed_forward import gelu_approximate
+from keras_attention.activations import gelu_approximate
 
 B, T, D, H, F = 2, 5, 16, 4, 32
 TOLERANCE = 1e-4  # float32 through two residual sub-layers vs float64

@@ -23,7 +23,8 @@ import pytest
 import harness
 import keras_attention
 from keras_attention.models import GPT
-from keras_attention.models import _torch_decoding
+from keras_attention import backend
+from keras_attention.models import generation
 
 BACKEND = keras.backend.backend()
 V, MAX_LENGTH = 37, 24
@@ -332,19 +333,20 @@ def sampled(model):
     def sample(name):
         if name not in memo:
             traces = []
-            original = model._decode_loop
+            original = generation.decode
 
             def counted(*args, **kwargs):
                 traces.append(1)
                 return original(*args, **kwargs)
 
-            # The loop as the compiled function calls it when tracing.
-            model._decode_loop = counted
+            # The loop of the generation core, as the compiled function calls
+            # it when tracing.
+            generation.decode = counted
             try:
                 outputs = [generate(name, seed) for seed in (1, 1, 2)]
                 generate(name, seed=3, temperature=0.7)
             finally:
-                del model._decode_loop
+                generation.decode = original
             memo[name] = (*outputs, len(traces))
         return memo[name]
 
@@ -519,7 +521,7 @@ def test_generation_compiles_once_per_shape(sampled, sampler):
         assert traces == 1
 
 
-# Torch decodes in plain torch operations (`_torch_decoding`); elsewhere, and
+# Torch decodes in plain torch operations (`backend/torch.py`); elsewhere, and
 # for what that step cannot read, the Keras layers run every step.
 
 OTHER_BLOCKS = dict(
@@ -542,7 +544,7 @@ def test_decoding_step_equals_the_layers(kwargs, policy, tolerance):
     """One cached step, torch's step against the layers: the same logits and
     the same keys and values written at the same position of each cache."""
     model = _small_gpt(seed=4, dtype=policy, **kwargs)
-    step = _torch_decoding.step_for(model)
+    step = backend.decoder_step(model.embedding, model.decoder.blocks, model.decoder.output_layer_norm)
     if BACKEND != "torch":
         assert step is None  # the layers decode
         return
@@ -584,7 +586,7 @@ def test_lora_kernels_decode_through_the_layers():
     rng = np.random.default_rng(0)
     for variable in (dense.lora_kernel_a, dense.lora_kernel_b):
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
-    assert _torch_decoding.step_for(model) is None
+    assert backend.decoder_step(model.embedding, model.decoder.blocks, model.decoder.output_layer_norm) is None
     prompt = _ids((2, 5), seed=19)
     out = model.generate(prompt, max_new_tokens=8)
     np.testing.assert_array_equal(out, _greedy_reference(model, prompt, 8))

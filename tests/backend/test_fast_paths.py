@@ -1,0 +1,164 @@
+"""Tests of the backend seam: the fast decoding steps against the layers,
+their allow-lists, and the backends' preferences.
+
+Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
+length, `D` width, `G` key/value heads, `K` head size.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import harness
+from keras_attention import backend
+from keras_attention import kernels
+from keras_attention import kv_cache
+from keras_attention.layers import TransformerDecoderBlock
+
+BACKEND = keras.backend.backend()
+B, T, S, L, D, H = 2, 4, 5, 6, 8, 2
+
+
+def _normal(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def _block(encoder=True, **kwargs):
+    block = TransformerDecoderBlock(16, H, **kwargs)
+    block.build((None, None, D), (None, None, D) if encoder else None)
+    rng = np.random.default_rng(3)
+    block.set_weights([0.5 * rng.normal(size=w.shape).astype("float32") for w in block.get_weights()])
+    return block
+
+
+def _steps_both_ways(block, encoder_mask=None):
+    """The block's cached step for the last of `T` tokens, by the layers and
+    by the fast step: `(layers, fast)` outputs and self caches."""
+    x = _normal((B, T, D), 1)
+    memory = _normal((B, S, D), 2)
+    cache = kv_cache.empty(B, L, block.num_key_value_heads or H, D // H, "float32")
+    cross = None
+    kwargs = {}
+    if block.cross_attention is not None:
+        cross = block.cross_attention.compute_cache(memory)  # (B, 2, S, G, K)
+        kwargs = dict(cross_attention_cache=cross, encoder_padding_mask=encoder_mask)
+    # Prefill the first T - 1 tokens through the layers.
+    outputs = block(
+        x[:, :-1], self_attention_cache=cache, self_attention_cache_update_index=0, **kwargs
+    )
+    prefilled = outputs[1]
+    expected = block(
+        x[:, -1:], self_attention_cache=keras.ops.copy(prefilled),
+        self_attention_cache_update_index=T - 1, **kwargs,
+    )
+    step = backend.block_step(block)
+    if step is None:
+        return expected, None
+    mask = None if encoder_mask is None else keras.ops.convert_to_tensor(encoder_mask)
+    got = step(
+        keras.ops.convert_to_tensor(x[:, -1:]), keras.ops.copy(prefilled), T - 1,
+        cross_cache=cross, cross_mask=mask,
+    )
+    return expected, got
+
+
+@pytest.mark.parametrize(
+    "kwargs, encoder",
+    [
+        (dict(normalize_first=True), False),  # a GPT block
+        ({}, True),  # the paper's post-norm block with cross-attention
+        (dict(normalize_first=True, num_key_value_heads=1, activation="gelu"), True),
+    ],
+    ids=["gpt_block", "post_norm_cross", "pre_norm_cross_mqa"],
+)
+def test_block_step_equals_the_layers(kwargs, encoder):
+    block = _block(encoder, **kwargs)
+    encoder_mask = None
+    if encoder:
+        encoder_mask = np.ones((B, S), bool)
+        encoder_mask[0, -2:] = False
+    expected, got = _steps_both_ways(block, encoder_mask)
+    if BACKEND != "torch":
+        assert got is None  # the layers decode
+        return
+    (want_x, want_cache), (got_x, got_cache) = expected[:2], got
+    np.testing.assert_allclose(harness.to_numpy(got_x), harness.to_numpy(want_x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        harness.to_numpy(got_cache), harness.to_numpy(want_cache), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_block_step_keeps_the_rules_on_a_padded_encoder():
+    # One example's encoder is all padding (its cross-attention output is
+    # exactly 0, as the layers give), and NaN at a padded encoder position
+    # reaches no output.
+    block = _block(True)
+    encoder_mask = np.ones((B, S), bool)
+    encoder_mask[0] = False
+    encoder_mask[1, -1] = False
+    expected, got = _steps_both_ways(block, encoder_mask)
+    if BACKEND != "torch":
+        assert got is None
+        return
+    np.testing.assert_allclose(
+        harness.to_numpy(got[0]), harness.to_numpy(expected[0]), rtol=1e-5, atol=1e-5
+    )
+    cross = block.cross_attention.compute_cache(_normal((B, S, D), 2))
+    poisoned = harness.to_numpy(cross).copy()
+    poisoned[1, :, -1] = np.nan
+    step = backend.block_step(block)
+    x = keras.ops.convert_to_tensor(_normal((B, 1, D), 4))
+    mask = keras.ops.convert_to_tensor(encoder_mask)
+    clean, _ = step(x, kv_cache.empty(B, L, H, D // H, "float32"), 0, cross, mask)
+    dirty, _ = step(
+        x, kv_cache.empty(B, L, H, D // H, "float32"), 0,
+        keras.ops.convert_to_tensor(poisoned), mask,
+    )
+    np.testing.assert_array_equal(harness.to_numpy(dirty), harness.to_numpy(clean))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(normalization="rms_norm"),
+        dict(use_rotary_embedding=True),
+        dict(gated_feedforward=True),
+        dict(score="additive"),
+    ],
+    ids=["rms_norm", "rotary", "gated", "additive"],
+)
+def test_options_off_the_allow_list_fall_back_to_the_layers(kwargs):
+    assert backend.block_step(_block(False, **kwargs)) is None
+
+
+def test_an_unknown_option_falls_back_to_the_layers():
+    """A block with a config key the allow-list does not know (a feature
+    added later) is not run by the fast step."""
+
+    class NewBlock(TransformerDecoderBlock):
+        def get_config(self):
+            return {**super().get_config(), "some_new_option": True}
+
+    block = NewBlock(16, H)
+    block.build((None, None, D))
+    assert backend.block_step(block) is None
+    plain = _block(False)
+    assert (backend.block_step(plain) is None) == (BACKEND != "torch")
+    plain.self_attention.value_dense.enable_lora(2)  # not a plain weight
+    assert backend.block_step(plain) is None
+
+
+def test_recording_sends_decoding_to_the_layers():
+    block = _block(False)
+    with kernels.recording():
+        assert backend.block_step(block) is None
+
+
+def test_preferences_are_declared_per_backend():
+    preferences = backend.preferences()
+    assert isinstance(preferences, backend.Preferences)
+    assert preferences.blocked in ("always", "causal_or_short", "never")
+    expected = {"tensorflow": "always", "jax": "causal_or_short", "torch": "never"}
+    assert preferences.blocked == expected[BACKEND]
+    assert preferences.linear_projections == (BACKEND == "torch")
+    assert preferences.fuse_projections == (BACKEND == "tensorflow")
