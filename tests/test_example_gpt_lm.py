@@ -1,9 +1,12 @@
-"""The GPT example: `--tiny` training that saves, resumes and samples; its data.
+"""The GPT example: `--tiny` training that saves, resumes and samples; its tokenizers.
 
 The training runs in subprocesses on the current backend (`KERAS_BACKEND`),
-as a user would run the README's commands.
+as a user would run the README's commands. The corpus, the character
+tokenizer, the split and the pipelines it shares with the other examples are
+tested in `test_examples_common.py`.
 """
 
+import json
 import re
 
 import keras
@@ -58,37 +61,11 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     assert len(text) == len("ROMEO:") + 24
 
 
-def test_resumed_run_sees_the_batches_of_an_uninterrupted_run(data):
-    ids = np.arange(500, dtype="int32")
-    whole = list(data.train_batches(ids, 8, 4, seed=5).take(6).as_numpy_iterator())
-    resumed = list(data.train_batches(ids, 8, 4, seed=5, start_step=3).take(3).as_numpy_iterator())
-    for (x, y), (rx, ry) in zip(whole[3:], resumed):
-        np.testing.assert_array_equal(x, rx)
-        np.testing.assert_array_equal(y, ry)
-    x, y = whole[0]
-    assert x.shape == (4, 8) and y.shape == (4, 8)
-    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # targets: shifted inputs
-    np.testing.assert_array_equal(np.diff(x, axis=1), 1)  # consecutive windows
-    other = list(data.train_batches(ids, 8, 4, seed=6).take(1).as_numpy_iterator())
-    assert not np.array_equal(other[0][0], x)
-
-
-def test_validation_covers_the_whole_split_in_order(data):
-    ids = np.arange(101, dtype="int32")
-    batches = list(data.validation_batches(ids, 10, 4).as_numpy_iterator())
-    inputs = np.concatenate([x for x, _ in batches])
-    targets = np.concatenate([y for _, y in batches])
-    np.testing.assert_array_equal(inputs.reshape(-1), np.arange(100))
-    np.testing.assert_array_equal(targets.reshape(-1), np.arange(1, 101))
-    train, val = data.split_ids(np.arange(1000), 0.9)
-    assert train[-1] == 899 and val[0] == 900 and len(val) == 100
-
-
-def test_tokenizers_round_trip_and_refuse_unknown_characters(data, tmp_path):
+def test_byte_pair_tokenizer_round_trips_and_refuses_unknown_characters(
+    data, tmp_path
+):
     text = "the cat sat on the mat; the cat ate.\n" * 5
     chars = data.CharTokenizer.fit(text)
-    assert chars.decode(chars.encode(text)) == text
-    assert chars.vocabulary_size == len(set(text))
     bpe = data.BytePairTokenizer.fit(text, vocabulary_size=chars.vocabulary_size + 12)
     assert bpe.vocabulary_size == chars.vocabulary_size + 12
     ids = bpe.encode(text)
@@ -97,21 +74,20 @@ def test_tokenizers_round_trip_and_refuse_unknown_characters(data, tmp_path):
     assert " cat" in bpe.tokens and "the" in bpe.tokens
     data.save_tokenizer(bpe, tmp_path / "t.json")
     np.testing.assert_array_equal(data.load_tokenizer(tmp_path / "t.json").encode(text), ids)
-    for tokenizer in (chars, bpe):
-        with pytest.raises(ValueError, match=r"outside the vocabulary.*'Z'"):
-            tokenizer.encode("Zebra")
+    with pytest.raises(ValueError, match=r"outside the vocabulary.*'Z'"):
+        bpe.encode("Zebra")
+    with pytest.raises(ValueError, match=r"at least the number of distinct"):
+        data.BytePairTokenizer.fit(text, vocabulary_size=chars.vocabulary_size - 1)
 
 
-def test_load_text_from_a_url_into_a_cache_dir(data, tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("to be or not to be\n", encoding="utf-8")
-    cache = tmp_path / "cache"
-    text = data.load_text(corpus.as_uri(), cache_dir=str(cache))
-    assert text == "to be or not to be\n"
-    cached = list(cache.rglob("corpus.txt"))
-    assert len(cached) == 1
-    corpus.unlink()  # read from the cache from now on
-    assert data.load_text(corpus.as_uri(), cache_dir=str(cache)) == text
-    assert len(data.load_text()) == 1_115_394  # the shipped tiny-shakespeare
-    with pytest.raises(ValueError, match="does not exist"):
-        data.load_text(str(tmp_path / "missing.txt"))
+def test_saved_character_tokenizers_load(data, tmp_path):
+    # The file a checkpoint of the default (character) run holds.
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"kind": "char", "characters": ["\\n", " ", "a", "b"]}')
+    tokenizer = data.load_tokenizer(path)
+    assert tokenizer.kind == "char" and tokenizer.vocabulary_size == 4
+    np.testing.assert_array_equal(tokenizer.encode("ab a\n"), [2, 3, 1, 2, 0])
+    data.save_tokenizer(tokenizer, tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == json.loads(
+        path.read_text()
+    )

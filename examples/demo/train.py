@@ -25,36 +25,26 @@ frequencies would score about 3.3).
 
 import argparse
 import dataclasses
-import gzip
 import math
-import os
 import pathlib
 import sys
 import time
 
-# `--backend` must reach KERAS_BACKEND before keras is imported.
-for _i, _arg in enumerate(sys.argv[1:], start=1):
-    if _arg == "--backend" and _i + 1 < len(sys.argv):
-        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
-    elif _arg.startswith("--backend="):
-        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import keras_attention  # noqa: E402
-
-DATA_PATH = (
-    pathlib.Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt.gz"
-)
 
 
 @dataclasses.dataclass
 class Config:
     # Data.
-    data_path: str = str(DATA_PATH)
+    data_path: str = str(common.DEFAULT_CORPUS)
     train_fraction: float = 0.9
     context_length: int = 64
     batch_size: int = 16
@@ -95,82 +85,24 @@ TINY = dict(
 # Data.
 
 
-def load_text(path):
-    """The corpus as one string."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read()
-
-
-class Vocabulary:
-    """Characters <-> integer ids, one id per distinct character of the text."""
-
-    def __init__(self, text):
-        self.characters = sorted(set(text))
-        self._ids = {c: i for i, c in enumerate(self.characters)}
-
-    def __len__(self):
-        return len(self.characters)
-
-    def encode(self, text):
-        return np.array([self._ids[c] for c in text], dtype="int32")
-
-    def decode(self, ids):
-        return "".join(self.characters[int(i)] for i in ids)
-
-
-def split_ids(ids, train_fraction):
-    """The first `train_fraction` of `ids` trains, the rest validates."""
-    boundary = int(train_fraction * len(ids))
-    return ids[:boundary], ids[boundary:]
-
-
-def random_windows(ids, context_length, batch_size, seed):
-    """An endless dataset of `(inputs, targets)` batches, each `(B, T)`.
-
-    Every window is `T + 1` consecutive ids from a random start; the targets
-    are the inputs shifted left by one, so position `t` learns to predict
-    character `t + 1` from characters `0 .. t`.
-    """
-    ids = tf.constant(ids)
-    num_starts = int(ids.shape[0]) - context_length  # The last start still has T+1 ids.
-    offsets = tf.range(context_length + 1, dtype="int64")  # (T + 1,)
-
-    def gather(random_batch):  # (B,)
-        starts = random_batch % num_starts  # (B,)
-        window = tf.gather(ids, starts[:, None] + offsets[None, :])  # (B, T + 1)
-        return window[:, :-1], window[:, 1:]  # (B, T), (B, T)
-
-    return (
-        tf.data.Dataset.random(seed=seed)
-        .batch(batch_size, drop_remainder=True)
-        .map(gather, num_parallel_calls=tf.data.AUTOTUNE)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-
-
-def consecutive_windows(ids, context_length, batch_size, max_windows=None):
-    """Non-overlapping windows that cover `ids`, as `(inputs, targets)` batches."""
-    num_windows = (len(ids) - 1) // context_length
-    if max_windows is not None:
-        num_windows = min(num_windows, max_windows)
-    length = num_windows * context_length
-    inputs = ids[:length].reshape(num_windows, context_length)  # (N, T)
-    targets = ids[1 : length + 1].reshape(num_windows, context_length)  # (N, T)
-    return tf.data.Dataset.from_tensor_slices((inputs, targets)).batch(batch_size)
-
-
 def make_datasets(config):
-    """Returns the vocabulary, the training and validation datasets, the ids."""
-    text = load_text(config.data_path)
-    vocabulary = Vocabulary(text)
-    train_ids, val_ids = split_ids(vocabulary.encode(text), config.train_fraction)
-    train_data = random_windows(
+    """Returns the tokenizer, the training and validation datasets, the ids.
+
+    The text, its characters, the split and both pipelines are those of
+    `examples/common.py`, shared with the GPT example.
+    """
+    text = common.load_text(config.data_path)
+    tokenizer = common.CharTokenizer.fit(text)
+    train_ids, val_ids = common.split_ids(
+        tokenizer.encode(text), config.train_fraction
+    )
+    train_data = common.train_batches(
         train_ids, config.context_length, config.batch_size, config.seed
     )
-    val_data = consecutive_windows(
+    val_data = common.consecutive_windows(
         val_ids, config.context_length, config.eval_batch_size, config.eval_windows
     )
-    return vocabulary, train_data, val_data, val_ids
+    return tokenizer, train_data, val_data, val_ids
 
 
 # Model.
@@ -248,7 +180,7 @@ def train(config, model, train_data, val_data):
     return num_evaluations * steps_per_evaluation
 
 
-def sample(model, vocabulary, prompt_ids, length, temperature, seed):
+def sample(model, tokenizer, prompt_ids, length, temperature, seed):
     """Extends `prompt_ids` (a full context window) by `length` sampled ids."""
     rng = np.random.default_rng(seed)
     window = np.array(prompt_ids, dtype="int32")[None, :]  # (1, T)
@@ -261,7 +193,7 @@ def sample(model, vocabulary, prompt_ids, length, temperature, seed):
         new_ids.append(next_id)
         # Slide the window: one fixed shape, so the predict function compiles once.
         window = np.concatenate([window[:, 1:], [[next_id]]], axis=1).astype("int32")
-    return vocabulary.decode(new_ids)
+    return tokenizer.decode(new_ids)
 
 
 def parse_args(argv=None):
@@ -270,7 +202,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, help="training steps")
     parser.add_argument(
         "--backend",
-        choices=["tensorflow", "jax", "torch"],
+        choices=common.BACKENDS,
         help="Keras backend (default: KERAS_BACKEND, else tensorflow)",
     )
     args = parser.parse_args(argv)
@@ -286,10 +218,10 @@ def main(argv=None):
     print(f"backend: {keras.backend.backend()}")
     print(config)
 
-    vocabulary, train_data, val_data, val_ids = make_datasets(config)
-    model = build_model(config, len(vocabulary))
+    tokenizer, train_data, val_data, val_ids = make_datasets(config)
+    model = build_model(config, tokenizer.vocabulary_size)
     print(
-        f"vocabulary: {len(vocabulary)} characters, "
+        f"vocabulary: {tokenizer.vocabulary_size} characters, "
         f"parameters: {model.count_params():,}"
     )
 
@@ -299,10 +231,10 @@ def main(argv=None):
 
     prompt = val_ids[: config.context_length]
     continuation = sample(
-        model, vocabulary, prompt, config.sample_length, config.temperature, config.seed
+        model, tokenizer, prompt, config.sample_length, config.temperature, config.seed
     )
     print("---- sample ----")
-    print(vocabulary.decode(prompt) + continuation)
+    print(tokenizer.decode(prompt) + continuation)
     print("----------------")
 
     val_loss, val_accuracy = model.evaluate(val_data, verbose=0)

@@ -13,16 +13,13 @@ each call.
 """
 
 import argparse
-import os
 import pathlib
 import sys
 
-for _i, _arg in enumerate(sys.argv[1:], start=1):
-    if _arg == "--backend" and _i + 1 < len(sys.argv):
-        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
-    elif _arg.startswith("--backend="):
-        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
@@ -61,7 +58,7 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=40)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"])
+    parser.add_argument("--backend", choices=common.BACKENDS)
     args = parser.parse_args(argv)
 
     import keras

@@ -26,13 +26,10 @@ import pathlib
 import sys
 import time
 
-# `--backend` must reach KERAS_BACKEND before keras is imported.
-for _i, _arg in enumerate(sys.argv[1:], start=1):
-    if _arg == "--backend" and _i + 1 < len(sys.argv):
-        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
-    elif _arg.startswith("--backend="):
-        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import keras  # noqa: E402
@@ -120,20 +117,20 @@ PRESETS = {
 
 def make_data(config, start_step=0, tokenizer=None):
     """The tokenizer, training and validation datasets, and validation ids."""
-    text = data.load_text(config.source, config.cache_dir)
-    train_text, _ = data.split_ids(np.array(list(text)), 0.9)
+    text = common.load_text(config.source, config.cache_dir)
+    train_text, _ = common.split_ids(np.array(list(text)), 0.9)
     if tokenizer is None:
         if config.tokenizer == "bpe":
             tokenizer = data.BytePairTokenizer.fit(
                 "".join(train_text), config.bpe_vocabulary_size
             )
         else:
-            tokenizer = data.CharTokenizer.fit(text)
-    train_ids, val_ids = data.split_ids(tokenizer.encode(text), 0.9)
-    train = data.train_batches(
+            tokenizer = common.CharTokenizer.fit(text)
+    train_ids, val_ids = common.split_ids(tokenizer.encode(text), 0.9)
+    train = common.train_batches(
         train_ids, config.context_length, config.batch_size, config.seed, start_step
     )
-    val = data.validation_batches(
+    val = common.consecutive_windows(
         val_ids, config.context_length, config.eval_batch_size, config.eval_windows
     )
     return tokenizer, train, val, val_ids
@@ -270,7 +267,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
-    parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"])
+    parser.add_argument("--backend", choices=common.BACKENDS)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--eval-interval", type=int)
     parser.add_argument("--learning-rate", type=float)

@@ -34,18 +34,14 @@ last line `accuracy: <value>`: the test accuracy of the last method trained
 
 import argparse
 import dataclasses
-import os
 import pathlib
 import sys
 import time
 
-# `--backend` must reach KERAS_BACKEND before keras is imported.
-for _i, _arg in enumerate(sys.argv[1:], start=1):
-    if _arg == "--backend" and _i + 1 < len(sys.argv):
-        os.environ["KERAS_BACKEND"] = sys.argv[_i + 1]
-    elif _arg.startswith("--backend="):
-        os.environ["KERAS_BACKEND"] = _arg.split("=", 1)[1]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 
 import keras  # noqa: E402
 
@@ -263,7 +259,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--backend",
-        choices=["tensorflow", "jax", "torch"],
+        choices=common.BACKENDS,
         help="Keras backend (default: KERAS_BACKEND, else tensorflow)",
     )
     args = parser.parse_args(argv)

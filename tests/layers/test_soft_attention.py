@@ -6,7 +6,9 @@ import pytest
 
 import harness
 import numpy_reference as ref
+from keras_attention import kernels
 from keras_attention import scoring
+from keras_attention.kernels import choice
 from keras_attention.layers import SoftAttention
 
 SCORERS = ["dot", "scaled_dot", "additive", "bilinear"]
@@ -393,6 +395,38 @@ def test_nan_and_inf_in_masked_positions_do_not_leak(score):
     for p, c in zip(poisoned, clean):
         assert np.all(np.isfinite(p))
         np.testing.assert_allclose(p, c, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("score", SCORERS)
+def test_dot_product_scorers_take_a_fused_kernel_with_the_same_results(score):
+    """Through the attention core a dot-product scorer takes a fused kernel
+    (one head of `(B, T, 1, D)`), any other scorer the explicit one; returned
+    weights and dropout in training take the explicit kernel too."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    mask = rng.random((2, 6)) > 0.3
+    layer = SoftAttention(score=score)
+    layer.build(x.shape, x.shape)
+    with kernels.tracing() as taken:
+        fast = harness.to_numpy(layer(x, x, value_mask=mask, use_causal_mask=True))
+        slow, weights = layer(
+            x, x, value_mask=mask, use_causal_mask=True, return_attention_scores=True
+        )
+    dot = score in ("dot", "scaled_dot")
+    assert [c.kernel != choice.EXPLICIT for _, c in taken] == [dot, False]
+    np.testing.assert_allclose(fast, harness.to_numpy(slow), rtol=1e-5, atol=1e-5)
+    cotangent = rng.normal(size=(2, 6, 8)).astype("float32")
+    kwargs = dict(value_mask=mask, use_causal_mask=True)
+    fast_grads = harness.input_gradients(lambda q: layer(q, x, **kwargs), [x], cotangent)
+    slow_grads = harness.input_gradients(
+        lambda q: layer(q, x, return_attention_scores=True, **kwargs)[0], [x], cotangent
+    )
+    np.testing.assert_allclose(fast_grads[0], slow_grads[0], rtol=1e-4, atol=1e-5)
+    dropout = SoftAttention(score=score, dropout=0.5, seed=1)
+    with kernels.tracing() as taken:
+        dropout(x, x, training=True)
+        dropout(x, x, training=False)
+    assert [c.kernel != choice.EXPLICIT for _, c in taken] == [False, dot]
 
 
 @pytest.mark.parametrize("score", SCORERS)

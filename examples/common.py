@@ -1,0 +1,292 @@
+"""What the examples share: backend choice, the corpus, characters, windows.
+
+- `select_backend`: reads `--backend` from the command line into
+  `KERAS_BACKEND`, for scripts to call before they import keras.
+- `load_text`: the shipped tiny-shakespeare (`examples/data/`), a local file,
+  or a URL downloaded once into a cache directory.
+- `CharTokenizer`: one id per distinct character (nanoGPT's
+  `shakespeare_char`), with a JSON form that checkpoints store.
+- `split_ids`: the first 90% of the ids train, the last 10% validate.
+- `train_batches`: endless random training windows; batch `k` is a pure
+  function of `(seed, k)`, so a resumed run sees the batches an uninterrupted
+  run would.
+- `consecutive_windows`: the validation split in consecutive windows.
+
+How the examples import it: each script is run as
+`python examples/<name>/train.py`, which puts `examples/<name>/` first on
+`sys.path`, so its top adds the parent folder as well before `import common`
+(as does `gpt_lm/data.py`, so that it imports alike when loaded on its own):
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import common
+
+    common.select_backend()
+    import keras
+
+A plain path entry keeps the examples runnable from a checkout without making
+`examples/` a package or installing anything. This module imports neither
+keras nor TensorFlow at import time (`select_backend` must run before keras
+is imported); the functions that need them import them when called.
+"""
+
+import gzip
+import os
+import pathlib
+import sys
+
+import numpy as np
+
+BACKENDS = ("tensorflow", "jax", "torch")
+
+DEFAULT_CORPUS = (
+    pathlib.Path(__file__).resolve().parent / "data" / "tinyshakespeare.txt.gz"
+)
+
+# Downloads go to the subfolder `load_text` used when it lived in gpt_lm, so
+# corpora downloaded then are still found in the cache.
+CACHE_SUBDIR = "gpt_lm"
+
+
+# Backend.
+
+
+def select_backend(argv=None):
+    """Sets `KERAS_BACKEND` from a `--backend` argument, before keras loads.
+
+    Keras reads `KERAS_BACKEND` once, when it is first imported, so a script
+    calls this before `import keras`; argparse runs later and only validates
+    the rest. Accepts `--backend X` and `--backend=X`; without the argument
+    `KERAS_BACKEND` is left as it is (Keras then defaults to TensorFlow).
+    Also quiets TensorFlow's C++ start-up logs unless `TF_CPP_MIN_LOG_LEVEL`
+    is set, which likewise must happen before TensorFlow is imported.
+
+    Args:
+        argv: the command-line arguments, without the program name (default
+            `sys.argv[1:]`).
+
+    Returns:
+        The backend named by `--backend`, or `None` if there is none.
+
+    Raises:
+        ValueError: if the value of `--backend` is not one of `BACKENDS`.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    backend = None
+    for i, arg in enumerate(argv):
+        if arg == "--backend" and i + 1 < len(argv):
+            backend = argv[i + 1]
+        elif arg.startswith("--backend="):
+            backend = arg.split("=", 1)[1]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if backend is None:
+        # A bare trailing `--backend` is left to argparse, which reports it.
+        return None
+    if backend not in BACKENDS:
+        # Checked here: an unknown KERAS_BACKEND would fail inside
+        # `import keras`, before argparse could name the argument.
+        raise ValueError(
+            f"`--backend` must be one of {', '.join(BACKENDS)}. "
+            f"Received: --backend={backend!r}"
+        )
+    os.environ["KERAS_BACKEND"] = backend
+    return backend
+
+
+# Corpus.
+
+
+def load_text(source=None, cache_dir=None):
+    """The corpus as one string.
+
+    Args:
+        source: `None` for the shipped tiny-shakespeare; a path (`.gz` is
+            decompressed); or an `http(s)://` or `file://` URL, downloaded
+            once into `cache_dir` (with `keras.utils.get_file`) and read from
+            there afterwards.
+        cache_dir: where downloads are kept (default `~/.keras/datasets`),
+            in its subfolder `CACHE_SUBDIR`.
+
+    Returns:
+        The text, decoded as UTF-8.
+
+    Raises:
+        ValueError: if `source` is a path that does not exist.
+    """
+    if source is None:
+        source = DEFAULT_CORPUS
+    source = str(source)
+    if "://" in source:
+        import keras
+
+        name = source.rstrip("/").rsplit("/", 1)[-1] or "corpus.txt"
+        if cache_dir is not None:
+            # get_file falls back to /tmp/.keras for a directory it cannot
+            # write, which includes one that does not exist yet.
+            pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        source = keras.utils.get_file(
+            fname=name, origin=source, cache_dir=cache_dir, cache_subdir=CACHE_SUBDIR
+        )
+    path = pathlib.Path(source)
+    if not path.exists():
+        raise ValueError(f"`source` does not exist. Received: source={str(path)!r}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+# Characters.
+
+
+class CharTokenizer:
+    """Characters <-> ids, one id per distinct character of the text, sorted.
+
+    Args:
+        characters: the vocabulary; character `characters[i]` has id `i`.
+    """
+
+    kind = "char"
+
+    def __init__(self, characters):
+        self.characters = list(characters)
+        self._ids = {c: i for i, c in enumerate(self.characters)}
+
+    @classmethod
+    def fit(cls, text):
+        """The tokenizer of the distinct characters of `text`, in sorted order."""
+        return cls(sorted(set(text)))
+
+    @property
+    def vocabulary_size(self):
+        return len(self.characters)
+
+    def encode(self, text):
+        """The ids of the characters of `text`, a 1-D int32 array.
+
+        Raises:
+            ValueError: if `text` has a character outside the vocabulary.
+        """
+        unknown = set(text) - self._ids.keys()
+        if unknown:
+            raise ValueError(
+                "`text` has characters outside the vocabulary. Received: "
+                f"{sorted(unknown)[:10]}"
+            )
+        return np.array([self._ids[c] for c in text], dtype="int32")
+
+    def decode(self, ids):
+        """The text of the ids `ids` (any 1-D sequence of integers)."""
+        return "".join(self.characters[int(i)] for i in ids)
+
+    def to_json(self):
+        """A JSON-serializable dict: `{"kind": "char", "characters": [...]}`.
+
+        Checkpoints store this form, so it must keep loading with
+        `from_json`.
+        """
+        return {"kind": self.kind, "characters": self.characters}
+
+    @classmethod
+    def from_json(cls, data):
+        """The tokenizer of a `to_json` dict.
+
+        Raises:
+            ValueError: if `data` describes another kind of tokenizer.
+        """
+        if data.get("kind") != cls.kind:
+            raise ValueError(
+                f"`data` is not a {cls.kind!r} tokenizer. Received: "
+                f"kind={data.get('kind')!r}"
+            )
+        return cls(data["characters"])
+
+
+# Splits and windows.
+
+
+def split_ids(ids, train_fraction=0.9):
+    """The first `train_fraction` of `ids` trains, the rest validates.
+
+    Returns:
+        `(train, validation)`, consecutive slices of `ids`.
+    """
+    boundary = int(train_fraction * len(ids))
+    return ids[:boundary], ids[boundary:]
+
+
+def train_batches(ids, context_length, batch_size, seed, start_step=0):
+    """Endless `(inputs, targets)` batches `(B, T)` of random windows.
+
+    Every window is `T + 1` consecutive ids from a random start; the targets
+    are the inputs shifted left by one, so position `t` learns to predict id
+    `t + 1` from ids `0 .. t`. Batch `k` (counting from 0 at the first step
+    of training) draws its starts from `stateless_uniform(seed=(seed, k))`,
+    so the dataset made with `start_step=k` continues exactly where a run
+    stopped at step `k`.
+
+    Args:
+        ids: 1-D int32 array, the training ids.
+        context_length: `T`, the window length.
+        batch_size: `B`, windows per batch.
+        seed: integer; the same seed gives the same batches.
+        start_step: the index of the first batch.
+
+    Returns:
+        A `tf.data.Dataset` of int32 `(inputs, targets)` pairs.
+
+    Raises:
+        ValueError: if `ids` has no more than `context_length` ids.
+    """
+    import tensorflow as tf
+
+    num_starts = len(ids) - context_length  # the last start still has T + 1 ids
+    if num_starts <= 0:
+        raise ValueError(
+            "The training text must be longer than `context_length`. Received: "
+            f"{len(ids)} ids, context_length={context_length}"
+        )
+    ids = tf.constant(ids, dtype="int32")
+    offsets = tf.range(context_length + 1, dtype="int64")  # (T + 1,)
+
+    def batch(step):
+        starts = tf.random.stateless_uniform(
+            (batch_size,),
+            seed=tf.stack([tf.constant(seed, "int64"), step]),
+            maxval=num_starts,
+            dtype="int64",
+        )  # (B,)
+        window = tf.gather(ids, starts[:, None] + offsets[None, :])  # (B, T + 1)
+        return window[:, :-1], window[:, 1:]  # (B, T), (B, T)
+
+    return (
+        tf.data.Dataset.range(start_step, 2**62)
+        .map(batch, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def consecutive_windows(ids, context_length, batch_size, max_windows=None):
+    """Consecutive non-overlapping windows covering `ids`, in order.
+
+    Window `i` holds ids `i T .. (i + 1) T - 1` and its targets are the next
+    `T` ids, each shifted by one; the ids after the last whole window (fewer
+    than `T + 1`) are left out.
+
+    Args:
+        ids: 1-D numpy array, the validation ids.
+        context_length: `T`, the window length.
+        batch_size: windows per batch (the last batch may be smaller).
+        max_windows: at most this many windows, the first ones (default:
+            all of `ids`).
+
+    Returns:
+        A `tf.data.Dataset` of `(inputs, targets)` batches `(B, T)`.
+    """
+    import tensorflow as tf
+
+    num_windows = (len(ids) - 1) // context_length
+    if max_windows is not None:
+        num_windows = min(num_windows, max_windows)
+    length = num_windows * context_length
+    inputs = ids[:length].reshape(num_windows, context_length)  # (N, T)
+    targets = ids[1 : length + 1].reshape(num_windows, context_length)  # (N, T)
+    return tf.data.Dataset.from_tensor_slices((inputs, targets)).batch(batch_size)
