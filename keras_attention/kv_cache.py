@@ -51,9 +51,14 @@ def write_packed(cache, update, index):
 
 
 def length(cache):
-    """The number of slots `L` (static if known)."""
+    """The number of slots `L` (static if known) of one layer's cache."""
     static = cache.shape[2]
     return static if static is not None else ops.shape(cache)[2]
+
+
+def stacked_length(cache):
+    """The static number of slots `L` of a stacked `(B, N, 2, L, G, K)`."""
+    return cache.shape[3]
 
 
 def layer_cache(stacked, block):

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from keras import ops
 
-from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
@@ -199,7 +198,6 @@ def _block_allowed(block):
         and _plain(feedforward.intermediate_dense)
         and _plain(feedforward.output_dense)
         and all(_plain_norm(n) for n in norms)
-        and not kernels.is_recording()
     )
 
 
@@ -237,20 +235,20 @@ class _AttentionWeights:
     def __init__(self, attention, dtype, fuse_qkv):
         denses = (attention.query_dense, attention.key_dense, attention.value_dense)
         width = attention.query_dense.kernel.shape[0]
-        kernels_ = [_weight(d.kernel, dtype).reshape(d.kernel.shape[0], -1) for d in denses]
+        matrices = [_weight(d.kernel, dtype).reshape(d.kernel.shape[0], -1) for d in denses]
         biases = [_weight(d.bias, dtype) for d in denses]
         biases = [None if b is None else b.reshape(-1) for b in biases]
         if fuse_qkv:
             # One (3 widths, D) weight: a single GEMM gives q, k and v (the
             # only copy; the other kernels are used through transposed views).
             self.qkv = (
-                torch.cat(kernels_, dim=1).T,
+                torch.cat(matrices, dim=1).T,
                 None if biases[0] is None else torch.cat(biases),
             )
-            self.splits = [k.shape[1] for k in kernels_]
-        self.query = (kernels_[0].T, biases[0])
+            self.splits = [m.shape[1] for m in matrices]
+        self.query = (matrices[0].T, biases[0])
         self.key_value = (
-            torch.cat(kernels_[1:], dim=1).T,
+            torch.cat(matrices[1:], dim=1).T,
             None if biases[1] is None else torch.cat(biases[1:]),
         )
         output = attention.output_dense

@@ -6,16 +6,21 @@ flag, a cache, lengths, dtype) and the running backend's `Preferences`
 matches decides. The timings behind the reasons are in benchmarks/README.md
 (2-core CPU).
 
-| row | when                                          | kernel   | why |
-| --- | --------------------------------------------- | -------- | --- |
-| 1   | `fused=False`                                 | explicit | the caller asks for it |
-| 2   | the scorer is not `c * q.k`                   | explicit | only it takes any scorer (additive, bilinear) and any normalization (hard attention) |
-| 3   | weights returned, or dropout in training      | explicit | fused kernels never form the weights |
-| 4   | value head size != key head size              | explicit | Keras's fused kernels need equal sizes |
-| 5   | `chunk_long_queries`, scores > 512 MiB         | chunked  | a CPU kernel that holds all scores: 8,192 tokens in < 300 MiB, exact |
-| 6   | `blocked="always"`, static lengths            | blocked  | TensorFlow: 1.2-1.8x Keras's kernel, causal blocks skip work |
-| 7   | `blocked="causal_or_short"`, static lengths, causal or T <= 128 | blocked | JAX: skips the causal upper blocks; short queries (a decoding step) faster than Keras's kernel |
-| 8   | otherwise                                     | fused    | the backend's kernel (`ops.dot_product_attention`; torch: flash / memory-efficient SDPA) |
+    row  when                                          kernel    why
+    1    `fused=False`                                 explicit  asked for
+    2    the scorer is not `c * q.k`, or a custom      explicit  the one kernel for any scorer
+         normalization (hard attention)                          (additive, bilinear) and any
+                                                                 normalization
+    3    weights returned, or dropout in training      explicit  fused kernels never form them
+    4    value head size != key head size              explicit  Keras's fused kernels need both
+                                                                 sizes equal
+    5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
+    6    `blocked="always"`, static lengths            blocked   TensorFlow: 1.2-1.8x Keras's
+                                                                 kernel; causal blocks skip work
+    7    `blocked="causal_or_short"`, static lengths,  blocked   JAX: causal blocks skip work;
+         causal or at most 128 queries                           a decoding step runs faster
+    8    otherwise                                     fused     the backend's kernel (torch:
+                                                                 flash / memory-efficient SDPA)
 
 Beside the kernel, a choice carries the dtype the kernel computes in (JAX's
 CPU kernel cannot run float16 under jit: float32) and how the NaN guard runs:

@@ -349,7 +349,7 @@ class MultiHeadAttention(keras.layers.Layer):
             keras.KerasTensor(self.compute_output_shape(query.shape, value.shape), dtype),
         )
         if return_attention_scores:
-            key_length = value.shape[1] if cache is None else cache.shape[2]
+            key_length = value.shape[1] if cache is None else kv_cache.length(cache)
             scores_shape = (query.shape[0], self.num_heads, query.shape[1], key_length)
             outputs += (keras.KerasTensor(scores_shape, dtype),)
         if cache is not None:

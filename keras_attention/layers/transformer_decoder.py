@@ -204,9 +204,9 @@ class TransformerDecoder(TransformerStack):
         dtype = self.compute_dtype
         outputs = (keras.KerasTensor(decoder_sequence.shape, dtype=dtype),)
         if return_attention_scores:
-            self_length = (
-                length if self_attention_cache is None else self_attention_cache.shape[3]
-            )
+            self_length = length
+            if self_attention_cache is not None:
+                self_length = kv_cache.stacked_length(self_attention_cache)
             outputs += (
                 [
                     keras.KerasTensor(
@@ -219,7 +219,7 @@ class TransformerDecoder(TransformerStack):
                 cross_length = (
                     encoder_sequence.shape[1]
                     if cross_attention_cache is None
-                    else cross_attention_cache.shape[3]
+                    else kv_cache.stacked_length(cross_attention_cache)
                 )
                 outputs += (
                     [

@@ -347,7 +347,7 @@ class TransformerDecoderBlock(TransformerBlock):
         outputs = (keras.KerasTensor(decoder_sequence.shape, dtype=dtype),)
         if return_attention_scores:
             self_length = (
-                length if self_attention_cache is None else self_attention_cache.shape[2]
+                length if self_attention_cache is None else kv_cache.length(self_attention_cache)
             )
             outputs += (
                 keras.KerasTensor((batch, self.num_heads, length, self_length), dtype=dtype),
@@ -356,7 +356,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 cross_length = (
                     encoder_sequence.shape[1]
                     if cross_attention_cache is None
-                    else cross_attention_cache.shape[2]
+                    else kv_cache.length(cross_attention_cache)
                 )
                 outputs += (
                     keras.KerasTensor(

@@ -11,6 +11,7 @@ import keras
 
 from keras_attention import _validation
 from keras_attention import backend
+from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
@@ -308,7 +309,10 @@ class GPT(keras.Model):
         )
 
     def _fast_step(self):
-        """The decoding step in the backend's own operations, or None."""
+        """The decoding step in the backend's own operations, or None (also
+        while `kernels.recording()` is open: only the layers record)."""
+        if kernels.is_recording():
+            return None
         return backend.decoder_step(
             self.embedding, self.decoder.blocks, self.decoder.output_layer_norm
         )
