@@ -334,6 +334,10 @@ class _BlockStep:
     def __call__(self, x, self_cache, index, cross_cache=None, cross_mask=None):
         i = int(index)
         attention = self.self_attention
+        if not self_cache.is_contiguous():
+            # The step writes in place: a broadcast view (repeated beams)
+            # would share memory between rows.
+            self_cache = self_cache.contiguous()
 
         def self_attend(h):
             q, k, v = torch.split(F.linear(h, *attention.qkv), attention.splits, dim=-1)
@@ -381,11 +385,13 @@ class _DecoderStep:
     def __call__(self, token_ids, caches, index):
         i = int(index)
         x = F.embedding(token_ids, self.token_table) + self.position_table[i]  # (B, 1, D)
+        updated = []
         for step, cache in zip(self.steps, caches):
-            x, _ = step(x, cache, i)
+            x, cache = step(x, cache, i)
+            updated.append(cache)
         if self.final_norm is not None:
             x = _layer_norm(x, self.final_norm)
-        return torch.matmul(x, self.token_table.T), caches  # (B, 1, V)
+        return torch.matmul(x, self.token_table.T), tuple(updated)  # (B, 1, V)
 
 
 def _norm_weights(norm):

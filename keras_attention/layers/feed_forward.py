@@ -5,7 +5,6 @@ intermediate width (`intermediate_dim`), `O` output width.
 """
 
 import keras
-from keras import ops
 
 from keras_attention import _validation
 from keras_attention import activations

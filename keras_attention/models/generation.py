@@ -29,6 +29,7 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention import backend
+from keras_attention.models import beam_search as beam_search_lib
 from keras_attention.models import sampling as sampling_lib
 
 
@@ -79,7 +80,7 @@ def prompt_lengths(prompt, prompt_padding_mask):
 
 def decode(
     prefill, step, caches, ids, in_prompt, limits, seed, temperature, top_p,
-    *, sampling, top_k, stop, pad_token_id, start,
+    *, sampling, top_k, stop, pad_token_id, start, with_scores=False,
 ):
     """The decoding loop, in `keras.ops`.
 
@@ -93,9 +94,12 @@ def decode(
         seed, temperature, top_p: scalars (tensors under a compiler).
         sampling, top_k, stop, pad_token_id, start: static: the sampling
             configuration, stop ids, the pad id, the shortest prompt.
+        with_scores: also return, per row, the sum of the log-probabilities
+            of its new tokens (the stop token included) and their number.
 
     Returns:
-        int32 `(B, L)`.
+        int32 `(B, L)`; with `with_scores`, then float32 `(B,)` and int32
+        `(B,)`.
     """
     ids = ops.convert_to_tensor(ids, "int32")
     batch, total = ids.shape[0], ids.shape[1]
@@ -104,11 +108,13 @@ def decode(
     done = ops.zeros((batch,), "bool")
     pad = ops.full((batch,), pad_token_id, "int32")
     stop_ids = ops.convert_to_tensor(list(stop), "int32") if stop else None
+    log_prob = ops.zeros((batch,), "float32")
+    count = ops.zeros((batch,), "int32")
 
-    def condition(i, ids, caches, next_logits, done):
+    def condition(i, ids, caches, next_logits, done, log_prob, count):
         return ops.logical_and(i < total, ops.logical_not(ops.all(done)))
 
-    def body(i, ids, caches, next_logits, done):
+    def body(i, ids, caches, next_logits, done, log_prob, count):
         sampled = sampling_lib.next_token(
             next_logits, sampling, temperature, top_k, top_p, seed, i
         )  # (B,)
@@ -117,6 +123,15 @@ def decode(
         token = ops.where(from_prompt, given, sampled)
         finished = ops.logical_or(done, i >= limits)
         token = ops.where(finished, pad, token)
+        if with_scores:
+            new = ops.logical_not(ops.logical_or(finished, from_prompt))  # (B,)
+            token_log_prob = ops.take_along_axis(
+                ops.log_softmax(ops.cast(next_logits, "float32"), axis=-1),
+                token[:, None],
+                axis=-1,
+            )[:, 0]  # (B,)
+            log_prob = log_prob + ops.where(new, token_log_prob, 0.0)
+            count = count + ops.cast(new, "int32")
         if stop_ids is not None:
             stopped = ops.any(token[:, None] == stop_ids[None, :], axis=-1)
             stopped = ops.logical_and(stopped, ops.logical_not(from_prompt))
@@ -124,12 +139,14 @@ def decode(
         done = ops.logical_or(finished, i + 1 >= limits)
         ids = ops.slice_update(ids, (0, i), token[:, None])
         logits, caches = step(token[:, None], caches, i)
-        return i + 1, ids, caches, logits[:, -1], done
+        return i + 1, ids, caches, logits[:, -1], done, log_prob, count
 
     i = ops.convert_to_tensor(start, "int32")
-    _, ids, _, _, _ = ops.while_loop(
-        condition, body, (i, ids, caches, next_logits, done)
+    _, ids, _, _, _, log_prob, count = ops.while_loop(
+        condition, body, (i, ids, caches, next_logits, done, log_prob, count)
     )
+    if with_scores:
+        return ids, log_prob, count
     return ids
 
 
@@ -139,8 +156,9 @@ class Generator:
     Args:
         step: `step(token_ids, caches, index) -> (logits, caches)` through
             the model's layers.
-        empty_caches: `empty_caches(batch, length)`, the caches `step`
-            starts from.
+        empty_caches: `empty_caches(batch, length, *context)`, the caches
+            `step` starts from; `context` are the model's own arrays given to
+            `generate` (a translation model's source ids and mask).
         variables: a function returning the model's variables (read when a
             loop is compiled).
         vocabulary_size: int, the ids a token may take.
@@ -160,6 +178,17 @@ class Generator:
         self.fast_step = fast_step
         self._functions = {}
 
+    def check_token(self, name, token):
+        """Raises unless `token` is an id of the vocabulary; returns it."""
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not (
+            0 <= token < self.vocabulary_size
+        ):
+            raise ValueError(
+                f"`{name}` must be an id in [0, {self.vocabulary_size}). "
+                f"Received: {name}={token!r}"
+            )
+        return int(token)
+
     def generate(
         self,
         prompt,
@@ -172,20 +201,19 @@ class Generator:
         stop_token_ids=None,
         prompt_padding_mask=None,
         pad_token_id=0,
+        context=(),
+        return_scores=False,
+        length_penalty=1.0,
     ):
         """`prompt` int numpy `(B, P)` (checked by the model) continued by
-        `max_new_tokens`; the arguments of `GPT.generate`. Returns int32
-        numpy `(B, P + max_new_tokens)`."""
+        `max_new_tokens`; the arguments of `GPT.generate`. `context`: numpy
+        arrays for `empty_caches`. Returns int32 numpy `(B, P +
+        max_new_tokens)`; with `return_scores`, also float32 `(B,)`: the sum
+        of the new tokens' log-probabilities over `length ** length_penalty`
+        (`length`: the new tokens, a stop token included)."""
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
         batch, prompt_length = prompt.shape
-        total = prompt_length + max_new_tokens
-        if total > self.max_length:
-            raise ValueError(
-                "The prompt and the new tokens must fit in "
-                f"max_sequence_length={self.max_length}. Received: "
-                f"prompt length {prompt_length} + max_new_tokens={max_new_tokens} "
-                f"= {total}"
-            )
+        total = self._check_total(prompt_length, max_new_tokens)
         top_k = check_sampling(sampling, temperature, top_k, top_p)
         stop = tuple(int(t) for t in (stop_token_ids or ()))
         for token in stop + (pad_token_id,):
@@ -204,31 +232,97 @@ class Generator:
         in_prompt = np.arange(total)[None] < lengths[:, None]  # (B, L)
         limits = (lengths + max_new_tokens).astype("int32")  # (B,)
         start = int(lengths.min())
-        function = self._function(sampling, top_k, stop, pad_token_id, start)
-        output = function(
+        options = dict(
+            sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
+            start=start, with_scores=bool(return_scores),
+        )
+
+        def loop(ids, in_prompt, limits, seed, temperature, top_p, *context, step=None):
+            caches = self.empty_caches(ids.shape[0], ids.shape[1], *context)
+            return decode(
+                self.step, step or self.step, caches, ids, in_prompt, limits,
+                seed, temperature, top_p, **options,
+            )
+
+        function = self._function(("sample",) + tuple(sorted(options.items())), loop)
+        outputs = function(
             ids,
             in_prompt,
             limits,
             np.int32(seed),
             np.float32(temperature),
             np.float32(top_p if top_p is not None else 1.0),
+            *context,
         )
-        return np.asarray(keras.ops.convert_to_numpy(output)).astype("int32")
+        if not return_scores:
+            return _to_numpy(outputs, "int32")
+        ids, log_prob, count = (_to_numpy(x) for x in outputs)
+        scores = log_prob / np.maximum(count, 1).astype("float32") ** float(length_penalty)
+        return ids.astype("int32"), scores.astype("float32")
 
-    def _function(self, sampling, top_k, stop, pad_token_id, start):
-        """The compiled loop for one sampling configuration, made once."""
-        key = (sampling, top_k, stop, pad_token_id, start)
-        if key not in self._functions:
-            options = dict(
-                sampling=sampling, top_k=top_k, stop=stop,
-                pad_token_id=pad_token_id, start=start,
+    def beam_search(
+        self,
+        batch,
+        max_new_tokens,
+        start_token_id,
+        num_beams=4,
+        end_token_id=None,
+        pad_token_id=0,
+        length_penalty=1.0,
+        context=(),
+    ):
+        """The `num_beams` best continuations of `start_token_id` per row
+        (`beam_search.beam_search`): int32 `(B, K, 1 + max_new_tokens)` best
+        first, and their float32 scores `(B, K)`."""
+        max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
+        num_beams = _validation.check_positive_int("num_beams", num_beams)
+        total = self._check_total(1, max_new_tokens)
+        if isinstance(length_penalty, bool) or not isinstance(
+            length_penalty, (int, float)
+        ):
+            raise ValueError(
+                "`length_penalty` must be a float. Received: "
+                f"length_penalty={length_penalty!r}"
+            )
+        options = dict(
+            num_beams=num_beams, end_token_id=end_token_id, pad_token_id=pad_token_id,
+            length_penalty=float(length_penalty),
+        )
+
+        def loop(*context, step=None):
+            caches = self.empty_caches(batch, total, *context)
+            # Row b K + k is beam k of source b.
+            caches = keras.tree.map_structure(
+                lambda cache: ops.repeat(cache, num_beams, axis=0), caches
+            )
+            return beam_search_lib.beam_search(
+                step or self.step, caches, start_token_id, total, **options
             )
 
-            def loop(ids, *args, step=None):
-                caches = self.empty_caches(ids.shape[0], ids.shape[1])
-                return decode(self.step, step or self.step, caches, ids, *args, **options)
+        key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
+        sequences, scores = self._function(key, loop)(*context)
+        return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
+    def _check_total(self, prompt_length, max_new_tokens):
+        total = prompt_length + max_new_tokens
+        if total > self.max_length:
+            raise ValueError(
+                "The prompt and the new tokens must fit in "
+                f"max_sequence_length={self.max_length}. Received: "
+                f"prompt length {prompt_length} + max_new_tokens={max_new_tokens} "
+                f"= {total}"
+            )
+        return total
+
+    def _function(self, key, loop):
+        """The compiled `loop` for one configuration, made once."""
+        if key not in self._functions:
             self._functions[key] = backend.compile_decoding(
                 loop, self.variables(), self.fast_step
             )
         return self._functions[key]
+
+
+def _to_numpy(x, dtype=None):
+    x = np.asarray(keras.ops.convert_to_numpy(x))
+    return x if dtype is None else x.astype(dtype)

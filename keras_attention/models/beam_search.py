@@ -1,0 +1,131 @@
+"""Beam search over a model's cached step.
+
+Shape legend: `B` batch (sources), `K` beams, `V` vocabulary size, `L` total
+length (the start token and the new tokens).
+
+`num_beams` hypotheses per source grow one token at a time. Each step scores
+every extension of every open hypothesis, `log p(prefix) + log p(token)`,
+and keeps the best `2K` candidates: those that end with `end_token_id` join
+the finished hypotheses (the best `K` are kept, ranked by
+`sum log p / length ** length_penalty`, where `length` counts the new tokens,
+the end token included), the best `K` others stay open. A source is done
+when no open hypothesis can still beat its `K`-th finished one: their log
+probability only falls as they grow, so for `length_penalty >= 0` the best
+an open hypothesis can reach is its score at the longest length, and for a
+negative penalty its score one token later. At the last position every open
+hypothesis is finished as it stands. A source that is done is frozen, so a
+batch decodes as each source would alone.
+
+The caches hold `B K` rows (row `b K + k` is beam `k` of source `b`) and are
+reordered after each step to follow the hypotheses that survive.
+"""
+
+import keras
+from keras import ops
+
+NEGATIVE = -1e30  # a finite "minus infinity": arithmetic on it stays finite
+
+
+def beam_search(
+    step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
+    length_penalty,
+):
+    """The `K` best hypotheses per source and their scores.
+
+    Args:
+        step: `step(token_ids, caches, index) -> (logits, caches)` for
+            `(B K, 1)` tokens at position `index`.
+        caches: the caches of `B K` rows (every leaf has the rows on axis 0).
+        start_token_id: int, the token at position 0.
+        total: int, `1 + max_new_tokens`.
+        num_beams: `K`.
+        end_token_id: optional int.
+        pad_token_id: int, written after the end token.
+        length_penalty: float, the exponent of the length in the ranking.
+
+    Returns:
+        `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
+        `(B, K)`.
+    """
+    leaf = keras.tree.flatten(caches)[0]
+    beams = num_beams
+    batch = leaf.shape[0] // beams
+    positions = ops.arange(total, dtype="int32")  # (L,)
+    sequences = ops.where(
+        positions == 0, start_token_id, pad_token_id
+    ) * ops.ones((batch, beams, 1), "int32")  # (B, K, L)
+    # Only the first beam is open at the start: the others would repeat it.
+    log_prob = ops.concatenate(
+        [ops.zeros((batch, 1)), ops.full((batch, beams - 1), NEGATIVE)], axis=1
+    )  # (B, K)
+    finished = ops.copy(sequences)  # (B, K, L)
+    finished_scores = ops.full((batch, beams), NEGATIVE)  # (B, K)
+    done = ops.zeros((batch,), "bool")
+    last = total - 1  # the last position a token is written at
+    offsets = ops.arange(batch, dtype="int32")[:, None] * beams  # (B, 1)
+    penalty = float(length_penalty)
+
+    def condition(i, sequences, log_prob, finished, finished_scores, caches, done):
+        return ops.logical_and(i < last, ops.logical_not(ops.all(done)))
+
+    def body(i, sequences, log_prob, finished, finished_scores, caches, done):
+        tokens = ops.reshape(ops.take(sequences, i, axis=2), (batch * beams, 1))
+        logits, caches = step(tokens, caches, i)  # (B K, 1, V)
+        logits = ops.cast(logits[:, -1], "float32")
+        vocabulary = logits.shape[-1]
+        token_log_prob = ops.reshape(
+            ops.log_softmax(logits, axis=-1), (batch, beams, vocabulary)
+        )
+        candidates = ops.reshape(
+            log_prob[:, :, None] + token_log_prob, (batch, beams * vocabulary)
+        )  # (B, K V)
+        width = min(2 * beams, beams * vocabulary)
+        values, flat = ops.top_k(candidates, k=width)  # (B, 2K)
+        source_beam = flat // vocabulary
+        token = ops.cast(flat % vocabulary, "int32")
+        grown = ops.take_along_axis(sequences, source_beam[:, :, None], axis=1)
+        grown = ops.where(positions == i + 1, token[:, :, None], grown)  # (B, 2K, L)
+        length = ops.cast(i + 1, "float32")
+        ends = ops.zeros_like(token, "bool") if end_token_id is None else token == end_token_id
+        closing = ops.logical_or(ends, i + 1 >= last)  # the last position closes all
+        candidate_scores = ops.where(
+            ops.logical_and(closing, values > NEGATIVE / 2),
+            values / length**penalty,
+            NEGATIVE,
+        )  # (B, 2K)
+        pool = ops.concatenate([finished_scores, candidate_scores], axis=1)
+        new_scores, picked = ops.top_k(pool, k=beams)  # (B, K)
+        pool_sequences = ops.concatenate([finished, grown], axis=1)
+        new_finished = ops.take_along_axis(pool_sequences, picked[:, :, None], axis=1)
+        # The best K candidates that did not end stay open.
+        open_values = ops.where(ends, NEGATIVE, values)
+        new_log_prob, kept = ops.top_k(open_values, k=beams)  # (B, K)
+        new_sequences = ops.take_along_axis(grown, kept[:, :, None], axis=1)
+        rows = ops.reshape(
+            ops.take_along_axis(source_beam, kept, axis=1) + offsets, (-1,)
+        )  # (B K,): the row each surviving hypothesis grew from
+        caches = keras.tree.map_structure(
+            lambda cache: ops.take(cache, rows, axis=0), caches
+        )
+        # Done: no open hypothesis can beat the K-th finished one any more.
+        if penalty >= 0:
+            best_length = float(last) ** penalty
+        else:
+            best_length = (length + 1) ** penalty
+        best_open = ops.max(new_log_prob, axis=1) / best_length  # (B,)
+        now_done = new_scores[:, -1] >= best_open
+        if end_token_id is None:
+            now_done = ops.zeros_like(now_done)
+        frozen = done[:, None]
+        finished_scores = ops.where(frozen, finished_scores, new_scores)
+        finished = ops.where(frozen[:, :, None], finished, new_finished)
+        sequences = ops.where(frozen[:, :, None], sequences, new_sequences)
+        log_prob = ops.where(frozen, log_prob, new_log_prob)
+        done = ops.logical_or(done, ops.logical_and(now_done, new_scores[:, -1] > NEGATIVE / 2))
+        return i + 1, sequences, log_prob, finished, finished_scores, caches, done
+
+    i = ops.convert_to_tensor(0, "int32")
+    _, _, _, finished, finished_scores, _, _ = ops.while_loop(
+        condition, body, (i, sequences, log_prob, finished, finished_scores, caches, done)
+    )
+    return finished, finished_scores

@@ -1,0 +1,618 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", for translation.
+
+Shape legend: `B` batch, `S` source length, `T` target length, `V` target
+vocabulary size, `D` width (`hidden_dim`), `N` decoder blocks, `L` cache
+length, `G` key/value heads, `K` head size, `E` beams.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import _validation
+from keras_attention import backend
+from keras_attention import kernels
+from keras_attention import kv_cache
+from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attention.layers.transformer_decoder import TransformerDecoder
+from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.models import generation
+
+POSITIONS = ("sinusoidal", "learned")
+SAMPLING = ("greedy", "beam", "random", "top_k", "top_p")
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class Seq2SeqTransformer(keras.Model):
+    """An encoder-decoder Transformer (the paper's base model by default).
+
+    source ids -> token embedding * sqrt(D) + positions -> `num_encoder_layers`
+    encoder blocks (bidirectional self-attention, feed-forward); target ids
+    (shifted right: the decoder input starts with a start token) -> the same
+    embedding of the target vocabulary -> `num_decoder_layers` decoder blocks
+    (causal self-attention; encoder-decoder attention, whose queries come
+    from the decoder and keys and values from the encoder output;
+    feed-forward) -> logits through the transposed target embedding (input
+    and output embeddings tied, section 3.4).
+
+    Defaults are the paper's base model: post-norm, ReLU, sinusoidal
+    positions, embeddings scaled by `sqrt(hidden_dim)`, dropout 0.1.
+    `positions="learned"` uses learned position tables (one for the source,
+    one for the target); `share_embeddings=True` one token table for the
+    source, the target and the output (equal vocabularies required);
+    `embedding_layer_norm=True` a layer norm after each embedding (BART).
+    With `normalize_first=True` the blocks are pre-norm and each stack ends
+    with a layer norm.
+
+    `generate` decodes with the KV caches: the encoder runs once, each
+    decoder block's cross-attention keys and values are computed once, and
+    its self-attention cache grows by one token per step. Greedy, sampling
+    and beam search share the package's generation core
+    (`keras_attention.models.generation`).
+
+    Args:
+        source_vocabulary_size: positive int.
+        target_vocabulary_size: positive int `V`.
+        max_source_length: positive int, the longest source.
+        max_target_length: positive int, the longest target (decoder
+            input), the start token included.
+        num_encoder_layers, num_decoder_layers: positive ints (paper: 6).
+        num_heads: positive int dividing `hidden_dim` (paper: 8).
+        hidden_dim: positive int `D` (paper: 512).
+        intermediate_dim: positive int, the feed-forward width (paper:
+            2048).
+        dropout: float in [0, 1), on the embeddings, the attention weights
+            and each residual branch (paper: 0.1).
+        activation: the feed-forward activation (paper: `"relu"`).
+        normalize_first: bool, pre-norm blocks (paper: post-norm).
+        positions: `"sinusoidal"` (paper) or `"learned"`.
+        share_embeddings: bool, one token table for both languages.
+        embedding_layer_norm: bool, a layer norm after each embedding.
+        pad_token_id: int, the padding id; masks are derived from it unless
+            given.
+        scale_embeddings: bool, multiply token embeddings by `sqrt(D)`
+            (paper: True; BART: False).
+        layer_norm_epsilon: positive float.
+        seed: optional int, the seed of the dropout layers.
+        **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: a dict with `"encoder_token_ids"` `(B, S)` and
+            `"decoder_token_ids"` `(B, T)`, and optionally
+            `"encoder_padding_mask"` and `"decoder_padding_mask"` (bool,
+            True = real token), which replace the masks derived from
+            `pad_token_id` (KerasHub's names, as `BartSeq2SeqLM` takes).
+        training: bool, whether dropout is active.
+
+    Returns:
+        Logits `(B, T, V)`: position `t` scores the target token `t + 1`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = Seq2SeqTransformer(30, 40, 16, 16, num_encoder_layers=1,
+    ...     num_decoder_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16)
+    >>> inputs = {"encoder_token_ids": np.array([[5, 6, 7, 0]]),
+    ...           "decoder_token_ids": np.array([[1, 9, 4]])}
+    >>> tuple(model(inputs).shape)
+    (1, 3, 40)
+    >>> model.generate(np.array([[5, 6, 7, 0]]), 4, start_token_id=1).shape
+    (1, 5)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Lewis et al., 2020 (BART)](https://arxiv.org/abs/1910.13461)
+        - [Wu et al., 2016 (length penalty)](https://arxiv.org/abs/1609.08144)
+    """
+
+    def __init__(
+        self,
+        source_vocabulary_size,
+        target_vocabulary_size,
+        max_source_length,
+        max_target_length,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        num_heads=8,
+        hidden_dim=512,
+        intermediate_dim=2048,
+        dropout=0.1,
+        activation="relu",
+        normalize_first=False,
+        positions="sinusoidal",
+        share_embeddings=False,
+        embedding_layer_norm=False,
+        pad_token_id=0,
+        scale_embeddings=True,
+        layer_norm_epsilon=1e-5,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check = _validation.check_positive_int
+        self.source_vocabulary_size = check("source_vocabulary_size", source_vocabulary_size)
+        self.target_vocabulary_size = check("target_vocabulary_size", target_vocabulary_size)
+        self.max_source_length = check("max_source_length", max_source_length)
+        self.max_target_length = check("max_target_length", max_target_length)
+        self.num_encoder_layers = check("num_encoder_layers", num_encoder_layers)
+        self.num_decoder_layers = check("num_decoder_layers", num_decoder_layers)
+        self.num_heads = check("num_heads", num_heads)
+        self.hidden_dim = check("hidden_dim", hidden_dim)
+        self.intermediate_dim = check("intermediate_dim", intermediate_dim)
+        _validation.check_divisible("hidden_dim", self.hidden_dim, "num_heads", self.num_heads)
+        self.dropout = _validation.check_rate("dropout", dropout)
+        self.activation = activation
+        self.normalize_first = bool(normalize_first)
+        if positions not in POSITIONS:
+            raise ValueError(
+                f"`positions` must be one of {POSITIONS}. Received: positions={positions!r}"
+            )
+        self.positions = positions
+        self.share_embeddings = bool(share_embeddings)
+        if self.share_embeddings and source_vocabulary_size != target_vocabulary_size:
+            raise ValueError(
+                "`share_embeddings=True` needs one vocabulary: "
+                "`source_vocabulary_size` must equal `target_vocabulary_size`. "
+                f"Received: source_vocabulary_size={source_vocabulary_size}, "
+                f"target_vocabulary_size={target_vocabulary_size}"
+            )
+        self.embedding_layer_norm = bool(embedding_layer_norm)
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+            raise ValueError(
+                f"`pad_token_id` must be an int. Received: pad_token_id={pad_token_id!r}"
+            )
+        self.pad_token_id = int(pad_token_id)
+        self.scale_embeddings = bool(scale_embeddings)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.seed = _validation.check_seed("seed", seed)
+        dtype = self.dtype_policy
+
+        # Embeddings.
+        self.token_embedding = self._token_table(self.target_vocabulary_size, "token_embedding")
+        self.source_token_embedding = (
+            self.token_embedding
+            if self.share_embeddings
+            else self._token_table(self.source_vocabulary_size, "source_token_embedding")
+        )
+        if positions == "learned":
+            self.encoder_position_embedding = PositionEmbedding(
+                self.max_source_length, dtype=dtype, name="encoder_position_embedding"
+            )
+            self.decoder_position_embedding = PositionEmbedding(
+                self.max_target_length, dtype=dtype, name="decoder_position_embedding"
+            )
+        else:
+            # No weights: one table serves both.
+            self.encoder_position_embedding = SinusoidalPositionEncoding(
+                dtype=dtype, name="position_encoding"
+            )
+            self.decoder_position_embedding = self.encoder_position_embedding
+        self.encoder_embedding_norm = self.decoder_embedding_norm = None
+        if self.embedding_layer_norm:
+            self.encoder_embedding_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_embedding_norm"
+            )
+            self.decoder_embedding_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_embedding_norm"
+            )
+        self.embedding_dropout = keras.layers.Dropout(
+            dropout, seed=seed, dtype=dtype, name="embedding_dropout"
+        )
+        # Encoder and decoder stacks.
+        stack = dict(
+            intermediate_dim=intermediate_dim,
+            num_heads=num_heads,
+            dropout=dropout,
+            activation=activation,
+            layer_norm_epsilon=layer_norm_epsilon,
+            normalize_first=normalize_first,
+            dtype=dtype,
+        )
+        self.encoder = TransformerEncoder(
+            num_encoder_layers, seed=None if seed is None else seed + 1, name="encoder",
+            **stack,
+        )
+        self.decoder = TransformerDecoder(
+            num_decoder_layers, seed=None if seed is None else seed + 1000, name="decoder",
+            **stack,
+        )
+        self._generator = None  # made at the first `generate` call
+
+    def _token_table(self, vocabulary_size, name):
+        return keras.layers.ReversibleEmbedding(
+            vocabulary_size,
+            self.hidden_dim,
+            tie_weights=True,
+            embeddings_initializer=keras.initializers.RandomNormal(
+                stddev=self.hidden_dim**-0.5
+            ),
+            # An Embedding does not autocast: without this, float32 variables
+            # would turn the logits float32 under mixed precision.
+            reverse_dtype=self.compute_dtype,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, inputs_shape=None):
+        hidden = (None, None, self.hidden_dim)
+        self.source_token_embedding.build((None, None))
+        if not self.token_embedding.built:
+            self.token_embedding.build((None, None))
+        for layer in (self.encoder_position_embedding, self.decoder_position_embedding):
+            if not layer.built:
+                layer.build(hidden)
+        for norm in (self.encoder_embedding_norm, self.decoder_embedding_norm):
+            if norm is not None:
+                norm.build(hidden)
+        self.encoder.build(hidden)
+        self.decoder.build(hidden, hidden)
+        self.built = True
+
+    # The forward pass.
+
+    def _embed(self, ids, table, position, norm, start_index=0, training=None):
+        x = table(ids)  # (B, T, D)
+        if self.scale_embeddings:
+            x = x * ops.cast(math.sqrt(self.hidden_dim), x.dtype)
+        x = x + position(x, start_index=start_index)
+        if norm is not None:
+            x = norm(x)
+        return self.embedding_dropout(x, training=training)
+
+    def encode(self, encoder_token_ids, encoder_padding_mask=None, training=None):
+        """The encoder output `(B, S, D)` and the source mask `(B, S)`."""
+        if encoder_padding_mask is None:
+            encoder_padding_mask = ops.not_equal(encoder_token_ids, self.pad_token_id)
+        encoder_padding_mask = ops.cast(encoder_padding_mask, "bool")
+        x = self._embed(
+            encoder_token_ids,
+            self.source_token_embedding,
+            self.encoder_position_embedding,
+            self.encoder_embedding_norm,
+            training=training,
+        )
+        x = self.encoder(x, padding_mask=encoder_padding_mask, training=training)
+        return x, encoder_padding_mask
+
+    def call(self, inputs, training=None):
+        source = inputs["encoder_token_ids"]
+        target = inputs["decoder_token_ids"]
+        encoded, source_mask = self.encode(
+            source, inputs.get("encoder_padding_mask"), training=training
+        )
+        target_mask = inputs.get("decoder_padding_mask")
+        if target_mask is None:
+            target_mask = ops.not_equal(target, self.pad_token_id)
+        x = self._embed(
+            target,
+            self.token_embedding,
+            self.decoder_position_embedding,
+            self.decoder_embedding_norm,
+            training=training,
+        )
+        x = self.decoder(
+            x,
+            encoded,
+            decoder_padding_mask=ops.cast(target_mask, "bool"),
+            encoder_padding_mask=source_mask,
+            training=training,
+        )
+        return self.token_embedding(x, reverse=True)  # (B, T, V)
+
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, dict):
+            for name, vocabulary, length in (
+                ("encoder_token_ids", self.source_vocabulary_size, self.max_source_length),
+                ("decoder_token_ids", self.target_vocabulary_size, self.max_target_length),
+            ):
+                if name not in inputs:
+                    raise ValueError(
+                        f"`inputs` must hold {name!r}. Received: keys {sorted(inputs)}"
+                    )
+                ids = inputs[name]
+                if isinstance(ids, (np.ndarray, list, tuple)):
+                    _check_ids(name, np.asarray(ids), vocabulary, length)
+        return super().__call__(inputs, *args, **kwargs)
+
+    # Cached decoding.
+
+    def _decoding_caches(self, batch, length, encoder_token_ids, encoder_padding_mask):
+        """`(self caches, cross caches, source mask)`: the encoder run once,
+        each block's cross-attention keys and values computed once."""
+        encoded, mask = self.encode(encoder_token_ids, encoder_padding_mask)
+        blocks = self.decoder.blocks
+        self_caches = tuple(
+            kv_cache.empty(
+                batch, length, b.num_key_value_heads or b.num_heads,
+                self.hidden_dim // self.num_heads, self.compute_dtype,
+            )
+            for b in blocks
+        )
+        cross_caches = tuple(b.cross_attention.compute_cache(encoded) for b in blocks)
+        return self_caches, cross_caches, mask
+
+    def _decoding_step(self, token_ids, caches, index):
+        """`T` target tokens at positions `index ..` through the decoder
+        with its caches: `(logits (B, T, V), caches)`."""
+        self_caches, cross_caches, mask = caches
+        x = self._embed(
+            token_ids,
+            self.token_embedding,
+            self.decoder_position_embedding,
+            self.decoder_embedding_norm,
+            start_index=index,
+        )
+        updated = []
+        for block, self_cache, cross_cache in zip(self.decoder.blocks, self_caches, cross_caches):
+            x, self_cache, _ = block(
+                x,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+                encoder_padding_mask=mask,
+            )
+            updated.append(self_cache)
+        if self.decoder.output_layer_norm is not None:
+            x = self.decoder.output_layer_norm(x)
+        return self.token_embedding(x, reverse=True), (tuple(updated), cross_caches, mask)
+
+    def _fast_step(self):
+        """On torch, the decoder blocks in plain torch operations (the
+        embedding and the logits through the layers), or None."""
+        if kernels.is_recording():
+            return None
+        steps = [backend.block_step(block) for block in self.decoder.blocks]
+        if any(step is None for step in steps):
+            return None
+
+        def step(token_ids, caches, index):
+            self_caches, cross_caches, mask = caches
+            x = self._embed(
+                token_ids, self.token_embedding, self.decoder_position_embedding,
+                self.decoder_embedding_norm, start_index=index,
+            )
+            updated = []
+            for block_step, self_cache, cross_cache in zip(steps, self_caches, cross_caches):
+                x, self_cache = block_step(x, self_cache, index, cross_cache, mask)
+                updated.append(self_cache)
+            if self.decoder.output_layer_norm is not None:
+                x = self.decoder.output_layer_norm(x)
+            return self.token_embedding(x, reverse=True), (tuple(updated), cross_caches, mask)
+
+        return step
+
+    def generate(
+        self,
+        encoder_token_ids,
+        max_new_tokens,
+        start_token_id,
+        end_token_id=None,
+        sampling="greedy",
+        num_beams=4,
+        length_penalty=1.0,
+        num_return_sequences=1,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        encoder_padding_mask=None,
+        return_scores=False,
+    ):
+        """Translates: target tokens for each source, with the KV caches.
+
+        The encoder runs once and each decoder block's cross-attention keys
+        and values are computed once; the decoder's self-attention cache
+        grows by one token per step. The loop is compiled once per shape
+        and configuration, as `GPT.generate`'s (on torch, each step in plain
+        torch operations where the blocks allow it).
+
+        Args:
+            encoder_token_ids: int `(B, S)` sources, `S <= max_source_length`.
+            max_new_tokens: positive int; `1 + max_new_tokens` must not exceed
+                `max_target_length`.
+            start_token_id: the id the decoder starts from.
+            end_token_id: optional id that ends a hypothesis (`None`: every
+                hypothesis runs `max_new_tokens`).
+            sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
+                `"top_p"` (see `GPT.generate` for the sampling ones).
+            num_beams: positive int, the hypotheses beam search keeps per
+                source.
+            length_penalty: float; beam hypotheses (and the returned scores)
+                rank by `sum log p / length ** length_penalty`, `length` the
+                new tokens, the end token included (0: plain log-probability).
+            num_return_sequences: positive int, at most `num_beams`: the best
+                hypotheses returned per source (beam search).
+            temperature, top_k, top_p, seed: for the sampling ones.
+            encoder_padding_mask: optional bool `(B, S)`; by default the
+                source positions that are not `pad_token_id`.
+            return_scores: bool, also return the scores.
+
+        Returns:
+            int32 numpy `(B, 1 + max_new_tokens)` (`(B, num_return_sequences,
+            1 + max_new_tokens)` when `num_return_sequences > 1`), starting
+            with `start_token_id`, `pad_token_id` after the end token; with
+            `return_scores`, also float32 scores `(B,)` (or `(B,
+            num_return_sequences)`).
+        """
+        source = np.asarray(keras.ops.convert_to_numpy(encoder_token_ids))
+        if source.ndim != 2 or source.shape[1] == 0:
+            raise ValueError(
+                "`encoder_token_ids` must have shape (batch, length) with "
+                f"length >= 1. Received: encoder_token_ids with shape {source.shape}"
+            )
+        _check_ids("encoder_token_ids", source, self.source_vocabulary_size, self.max_source_length)
+        if sampling not in SAMPLING:
+            raise ValueError(f"`sampling` must be one of {SAMPLING}. Received: sampling={sampling!r}")
+        num_beams = _validation.check_positive_int("num_beams", num_beams)
+        num_return_sequences = _validation.check_positive_int(
+            "num_return_sequences", num_return_sequences
+        )
+        limit = num_beams if sampling == "beam" else 1
+        if num_return_sequences > limit:
+            raise ValueError(
+                "`num_return_sequences` must be at most `num_beams` with "
+                "sampling='beam' (1 otherwise). Received: "
+                f"num_return_sequences={num_return_sequences}, num_beams={num_beams}, "
+                f"sampling={sampling!r}"
+            )
+        if not self.built:
+            self.build()
+        generator = self._get_generator()
+        start_token_id = generator.check_token("start_token_id", start_token_id)
+        if end_token_id is not None:
+            end_token_id = generator.check_token("end_token_id", end_token_id)
+        if encoder_padding_mask is None:
+            mask = source != self.pad_token_id
+        else:
+            mask = np.asarray(keras.ops.convert_to_numpy(encoder_padding_mask)).astype(bool)
+            if mask.shape != source.shape:
+                raise ValueError(
+                    "`encoder_padding_mask` must have the shape of `encoder_token_ids` "
+                    f"{source.shape}. Received: encoder_padding_mask with shape {mask.shape}"
+                )
+        context = (source.astype("int32"), mask)
+        batch = source.shape[0]
+        if sampling == "beam":
+            sequences, scores = generator.beam_search(
+                batch, max_new_tokens, start_token_id, num_beams=num_beams,
+                end_token_id=end_token_id, pad_token_id=self.pad_token_id,
+                length_penalty=length_penalty, context=context,
+            )
+            sequences, scores = sequences[:, :num_return_sequences], scores[:, :num_return_sequences]
+            if num_return_sequences == 1:
+                sequences, scores = sequences[:, 0], scores[:, 0]
+            return (sequences, scores) if return_scores else sequences
+        outputs = generator.generate(
+            np.full((batch, 1), start_token_id, "int32"),
+            max_new_tokens,
+            sampling=sampling,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_token_ids=None if end_token_id is None else [end_token_id],
+            pad_token_id=self.pad_token_id,
+            context=context,
+            return_scores=return_scores,
+            length_penalty=length_penalty,
+        )
+        return outputs
+
+    def _get_generator(self):
+        if self._generator is None:
+            self._generator = generation.Generator(
+                step=self._decoding_step,
+                empty_caches=self._decoding_caches,
+                variables=lambda: self.variables,
+                vocabulary_size=self.target_vocabulary_size,
+                max_length=self.max_target_length,
+                fast_step=self._fast_step,
+            )
+        return self._generator
+
+    @classmethod
+    def from_keras_hub(cls, backbone, **kwargs):
+        """A `Seq2SeqTransformer` holding a `keras_hub.models.BartBackbone`'s weights.
+
+        BART is this model with learned positions, an embedding layer norm,
+        exact GELU, one shared token table and unscaled embeddings; the
+        logits equal `token_embedding(decoder_output, reverse=True)` of the
+        backbone's output. Nothing is downloaded: pass a backbone built or
+        loaded locally.
+        """
+        config = backbone.get_config()
+        model = cls(
+            source_vocabulary_size=config["vocabulary_size"],
+            target_vocabulary_size=config["vocabulary_size"],
+            max_source_length=config["max_sequence_length"],
+            max_target_length=config["max_sequence_length"],
+            num_encoder_layers=config["num_layers"],
+            num_decoder_layers=config["num_layers"],
+            num_heads=config["num_heads"],
+            hidden_dim=config["hidden_dim"],
+            intermediate_dim=config["intermediate_dim"],
+            dropout=config["dropout"],
+            activation="gelu",
+            positions="learned",
+            share_embeddings=True,
+            embedding_layer_norm=True,
+            scale_embeddings=False,
+            pad_token_id=kwargs.pop("pad_token_id", 1),  # BART's <pad>
+            **kwargs,
+        )
+        model.build()
+        pairs = [
+            (model.token_embedding, backbone.token_embedding),
+            (model.encoder_position_embedding, backbone.encoder_position_embedding),
+            (model.decoder_position_embedding, backbone.decoder_position_embedding),
+            (model.encoder_embedding_norm, backbone.encoder_embeddings_layer_norm),
+            (model.decoder_embedding_norm, backbone.decoder_embeddings_layer_norm),
+        ]
+        for ours, theirs in zip(model.encoder.blocks, backbone.encoder_transformer_layers):
+            pairs += _block_pairs(ours, theirs, cross=False)
+        for ours, theirs in zip(model.decoder.blocks, backbone.decoder_transformer_layers):
+            pairs += _block_pairs(ours, theirs, cross=True)
+        for ours, theirs in pairs:
+            ours.set_weights(theirs.get_weights())
+        return model
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                name: getattr(self, name)
+                for name in (
+                    "source_vocabulary_size", "target_vocabulary_size",
+                    "max_source_length", "max_target_length", "num_encoder_layers",
+                    "num_decoder_layers", "num_heads", "hidden_dim", "intermediate_dim",
+                    "dropout", "normalize_first", "positions", "share_embeddings",
+                    "embedding_layer_norm", "pad_token_id", "scale_embeddings",
+                    "layer_norm_epsilon", "seed",
+                )
+            }
+        )
+        config["activation"] = self.decoder.block_arguments()["activation"]
+        return config
+
+
+def _block_pairs(ours, theirs, cross):
+    """(our sublayer, KerasHub's) pairs of one block, in weight order."""
+    attention = theirs._self_attention_layer
+    pairs = [
+        (ours.self_attention.query_dense, attention._query_dense),
+        (ours.self_attention.key_dense, attention._key_dense),
+        (ours.self_attention.value_dense, attention._value_dense),
+        (ours.self_attention.output_dense, attention._output_dense),
+        (ours.self_attention_layer_norm, theirs._self_attention_layer_norm),
+    ]
+    if cross:
+        attention = theirs._cross_attention_layer
+        pairs += [
+            (ours.cross_attention.query_dense, attention._query_dense),
+            (ours.cross_attention.key_dense, attention._key_dense),
+            (ours.cross_attention.value_dense, attention._value_dense),
+            (ours.cross_attention.output_dense, attention._output_dense),
+            (ours.cross_attention_layer_norm, theirs._cross_attention_layer_norm),
+        ]
+    pairs += [
+        (ours.feedforward.intermediate_dense, theirs._feedforward_intermediate_dense),
+        (ours.feedforward.output_dense, theirs._feedforward_output_dense),
+        (ours.feedforward_layer_norm, theirs._feedforward_layer_norm),
+    ]
+    return pairs
+
+
+def _check_ids(name, ids, vocabulary_size, max_length):
+    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
+        bad = ids[(ids < 0) | (ids >= vocabulary_size)][0]
+        raise ValueError(
+            f"`{name}` must hold ids in [0, {vocabulary_size}). Received: an id {int(bad)}"
+        )
+    if ids.ndim == 2 and ids.shape[1] > max_length:
+        raise ValueError(
+            f"`{name}` is longer than its maximum length {max_length}. "
+            f"Received: length {ids.shape[1]}"
+        )
