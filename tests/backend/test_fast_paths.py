@@ -166,3 +166,34 @@ def test_preferences_are_declared_per_backend():
     assert preferences.blocked == expected[BACKEND]
     assert preferences.linear_projections == (BACKEND == "torch")
     assert preferences.fuse_projections == (BACKEND == "tensorflow")
+
+
+def test_translation_step_on_torch_equals_the_layers():
+    """The translation model's decoding step (block steps with cross-attention
+    and a padded source) against its step through the layers."""
+    from keras_attention.models import Seq2SeqTransformer
+
+    model = Seq2SeqTransformer(
+        13, 11, 8, 8, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
+        hidden_dim=D, intermediate_dim=16, dropout=0.0,
+    )
+    model.build()
+    rng = np.random.default_rng(7)
+    for variable in model.weights:
+        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    fast = model._fast_step()
+    if BACKEND != "torch":
+        assert fast is None
+        return
+    assert fast is not None
+    source = np.array([[3, 4, 5, 6], [7, 8, 0, 0]], "int32")
+    caches = model._decoding_caches(2, 5, source, source != 0)
+    tokens = keras.ops.convert_to_tensor(np.array([[1], [1]], "int32"))
+    _, prefilled = model._decoding_step(tokens, caches, 0)
+    token = keras.ops.convert_to_tensor(np.array([[4], [9]], "int32"))
+    copy = lambda c: (tuple(keras.ops.copy(x) for x in c[0]), c[1], c[2])  # noqa: E731
+    want, want_caches = model._decoding_step(token, copy(prefilled), 1)
+    got, got_caches = fast(token, copy(prefilled), 1)
+    np.testing.assert_allclose(harness.to_numpy(got), harness.to_numpy(want), rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(got_caches[0], want_caches[0]):
+        np.testing.assert_allclose(harness.to_numpy(mine), harness.to_numpy(theirs), rtol=1e-5, atol=1e-5)
