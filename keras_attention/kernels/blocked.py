@@ -101,7 +101,12 @@ def blocked_attention(
             )
         if allowed is not None:
             scores = ops.where(allowed, scores, float("-inf"))
-        probs = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
+        if end == 1:
+            # One key, which every row sees: its weight is 1 (and Keras warns
+            # about a softmax over one position).
+            probs = ops.ones_like(scores, v.dtype)
+        else:
+            probs = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
         probs = ops.reshape(probs, (-1, groups, ratio * length, end))
         output = ops.einsum("bgqs,bgsv->bgqv", probs, v_block)
         outputs.append(ops.reshape(output, (-1, groups, ratio, length, value_dim)))

@@ -165,10 +165,12 @@ class Generator:
         max_length: int, the longest prompt plus new tokens.
         fast_step: optional zero-argument function returning a step in the
             backend's own operations, or None (see `backend.decoder_step`).
+        max_length_name: the model's name for `max_length`, for messages.
     """
 
     def __init__(
-        self, step, empty_caches, variables, vocabulary_size, max_length, fast_step=None
+        self, step, empty_caches, variables, vocabulary_size, max_length, fast_step=None,
+        max_length_name="max_sequence_length",
     ):
         self.step = step
         self.empty_caches = empty_caches
@@ -176,6 +178,7 @@ class Generator:
         self.vocabulary_size = vocabulary_size
         self.max_length = max_length
         self.fast_step = fast_step
+        self.max_length_name = max_length_name
         self._functions = {}
 
     def check_token(self, name, token):
@@ -308,7 +311,7 @@ class Generator:
         if total > self.max_length:
             raise ValueError(
                 "The prompt and the new tokens must fit in "
-                f"max_sequence_length={self.max_length}. Received: "
+                f"{self.max_length_name}={self.max_length}. Received: "
                 f"prompt length {prompt_length} + max_new_tokens={max_new_tokens} "
                 f"= {total}"
             )

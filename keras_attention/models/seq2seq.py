@@ -510,6 +510,7 @@ class Seq2SeqTransformer(keras.Model):
                 vocabulary_size=self.target_vocabulary_size,
                 max_length=self.max_target_length,
                 fast_step=self._fast_step,
+                max_length_name="max_target_length",
             )
         return self._generator
 

@@ -317,7 +317,7 @@ def test_mixed_precision_is_finite():
         (dict(num_beams=2, num_return_sequences=3, sampling="beam"), r"`num_return_sequences` must be at most `num_beams`"),
         (dict(start_token_id=TARGET_V), r"`start_token_id` must be an id in \[0, 11\)"),
         (dict(end_token_id=-1), r"`end_token_id` must be an id"),
-        (dict(max_new_tokens=MAX_T), r"must fit in max_sequence_length=10"),
+        (dict(max_new_tokens=MAX_T), r"must fit in max_target_length=10\. Received: prompt length 1 \+ max_new_tokens=10"),
         (dict(sampling="nucleus"), r"`sampling` must be one of"),
     ],
     ids=["beams", "return_sequences", "start_id", "end_id", "too_long", "sampling"],
