@@ -11,7 +11,6 @@ import pytest
 import harness
 from keras_attention import kernels
 from keras_attention.kernels import choice
-from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import TransformerDecoder
 from keras_attention.layers import TransformerDecoderBlock
 from keras_attention.layers import TransformerEncoder

@@ -51,9 +51,8 @@ def beam_search(
     beams = num_beams
     batch = leaf.shape[0] // beams
     positions = ops.arange(total, dtype="int32")  # (L,)
-    sequences = ops.where(
-        positions == 0, start_token_id, pad_token_id
-    ) * ops.ones((batch, beams, 1), "int32")  # (B, K, L)
+    first = ops.cast(ops.where(positions == 0, start_token_id, pad_token_id), "int32")
+    sequences = first * ops.ones((batch, beams, 1), "int32")  # (B, K, L)
     # Only the first beam is open at the start: the others would repeat it.
     log_prob = ops.concatenate(
         [ops.zeros((batch, 1)), ops.full((batch, beams - 1), NEGATIVE)], axis=1
@@ -85,6 +84,7 @@ def beam_search(
         token = ops.cast(flat % vocabulary, "int32")
         grown = ops.take_along_axis(sequences, source_beam[:, :, None], axis=1)
         grown = ops.where(positions == i + 1, token[:, :, None], grown)  # (B, 2K, L)
+        grown = ops.cast(grown, "int32")
         length = ops.cast(i + 1, "float32")
         ends = ops.zeros_like(token, "bool") if end_token_id is None else token == end_token_id
         closing = ops.logical_or(ends, i + 1 >= last)  # the last position closes all
