@@ -1,0 +1,329 @@
+"""Translation training and decoding speed against KerasHub, interleaved.
+
+One process per backend (Keras fixes its backend at import). In each, at one
+small size (2 encoder + 2 decoder blocks, 4 heads, width 128, feed-forward
+256, vocabularies of 1000, sources of 20 tokens):
+
+- training: target tokens/s of one optimizer step (`train_on_batch`, Adam,
+  sparse cross-entropy on the logits; batch 8, 20 target tokens) of
+  `keras_attention.models.Seq2SeqTransformer` (learned positions, no dropout)
+  and of the architecture of the keras.io English-Spanish translation example
+  built from `keras_hub.layers.TokenAndPositionEmbedding`,
+  `TransformerEncoder` and `TransformerDecoder` (same sizes, a `Dense` output
+  layer), alternating A B A B in rounds of `--train-steps` steps;
+- decoding: milliseconds per generated token (`--new-tokens` tokens after the
+  start token, no end token, so every call runs the whole length) of
+  `Seq2SeqTransformer.generate` against `keras_hub.models.BartSeq2SeqLM.generate`
+  (no preprocessor, `GreedySampler()` or `BeamSampler(num_beams=4)` set with
+  `compile(sampler=...)`; on TensorFlow also with XLA forced on, as our loop
+  compiles with XLA), greedy and 4-beam, at the batch sizes of `--batches`.
+  Our model takes the BART backbone's weights (`Seq2SeqTransformer.from_keras_hub`),
+  so both decode the same function (`same` below: whether the tokens agree).
+  Greedy is also timed against the keras.io example's loop: a `GreedySampler`
+  whose `next` runs the keras_hub-layers model of the training part on the
+  whole target at every step (no cache), called as the example calls it.
+
+Medians of `--repeats` rounds after two warm-up (compiling) calls of each;
+ratio = peer time / our time (above 1: ours is faster).
+
+    python benchmarks/seq2seq_speed.py                  # all backends
+    python benchmarks/seq2seq_speed.py --backends jax --batches 1
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VOCABULARY = 1000
+LAYERS, HEADS, WIDTH, FEEDFORWARD = 2, 4, 128, 256
+MAX_LENGTH = 64  # position tables of both models
+SOURCE_LENGTH, TARGET_LENGTH, TRAIN_BATCH = 20, 20, 8
+BART_START, BART_PAD = 2, 1  # BART's decoder start token `</s>` and `<pad>`
+
+
+def _compile(model):
+    import keras
+
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def _interleaved(runners, repeats):
+    for run in runners.values():  # warm-up and compilation
+        run()
+        run()
+    times = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def keras_hub_translator():
+    """The keras.io English-Spanish example's model, at this benchmark's sizes:
+    token + learned position embeddings (id 0 masked), post-norm encoder and
+    decoder blocks, a dense layer to the target vocabulary (logits)."""
+    import keras
+    import keras_hub
+
+    def embedding(name):
+        return keras_hub.layers.TokenAndPositionEmbedding(
+            vocabulary_size=VOCABULARY,
+            sequence_length=MAX_LENGTH,
+            embedding_dim=WIDTH,
+            mask_zero=True,
+            name=name,
+        )
+
+    source = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    target = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    encoded = embedding("source_embedding")(source)
+    for i in range(LAYERS):
+        encoded = keras_hub.layers.TransformerEncoder(
+            intermediate_dim=FEEDFORWARD, num_heads=HEADS, name=f"encoder_{i}"
+        )(encoded)
+    x = embedding("target_embedding")(target)
+    for i in range(LAYERS):
+        x = keras_hub.layers.TransformerDecoder(
+            intermediate_dim=FEEDFORWARD, num_heads=HEADS, name=f"decoder_{i}"
+        )(decoder_sequence=x, encoder_sequence=encoded)
+    logits = keras.layers.Dense(VOCABULARY, name="logits")(x)
+    return keras.Model({"encoder_inputs": source, "decoder_inputs": target}, logits)
+
+
+def worker(args):
+    import warnings
+
+    # KerasHub's embedding hands its mask to sublayers that drop it.
+    warnings.filterwarnings("ignore", message=".*does not support masking")
+    import keras
+    import keras_hub
+    import numpy as np
+
+    from keras_attention.models import Seq2SeqTransformer
+
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+
+    # Training step.
+    ours = Seq2SeqTransformer(
+        VOCABULARY, VOCABULARY, MAX_LENGTH, MAX_LENGTH,
+        num_encoder_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS,
+        hidden_dim=WIDTH, intermediate_dim=FEEDFORWARD, dropout=0.0,
+        positions="learned", seed=0,
+    )
+    theirs = keras_hub_translator()
+    _compile(ours)
+    _compile(theirs)
+    source = rng.integers(1, VOCABULARY, (TRAIN_BATCH, SOURCE_LENGTH)).astype("int32")
+    target = rng.integers(1, VOCABULARY, (TRAIN_BATCH, TARGET_LENGTH + 1)).astype("int32")
+    y = target[:, 1:]
+    our_x = {"encoder_token_ids": source, "decoder_token_ids": target[:, :-1]}
+    their_x = {"encoder_inputs": source, "decoder_inputs": target[:, :-1]}
+
+    def train(model, inputs):
+        def run():
+            for _ in range(args.train_steps):
+                model.train_on_batch(inputs, y)
+
+        return run
+
+    medians = _interleaved(
+        {"ours": train(ours, our_x), "keras_hub": train(theirs, their_x)}, args.repeats
+    )
+    tokens = args.train_steps * TRAIN_BATCH * TARGET_LENGTH
+    print(
+        json.dumps(
+            {
+                "backend": backend,
+                "kind": "train",
+                "tokens_per_s": {n: tokens / m for n, m in medians.items()},
+                "ratio": medians["keras_hub"] / medians["ours"],
+            }
+        ),
+        flush=True,
+    )
+    translator = theirs  # the keras_hub-layers model, for the uncached loop
+
+    # Decoding.
+    new = args.new_tokens
+    backbone = keras_hub.models.BartBackbone(
+        vocabulary_size=VOCABULARY, num_layers=LAYERS, num_heads=HEADS,
+        hidden_dim=WIDTH, intermediate_dim=FEEDFORWARD, dropout=0.0,
+        max_sequence_length=MAX_LENGTH,
+    )
+    ours = Seq2SeqTransformer.from_keras_hub(backbone)
+    samplers = {
+        "greedy": keras_hub.samplers.GreedySampler,
+        "beam": lambda: keras_hub.samplers.BeamSampler(num_beams=4),
+    }
+    bart, bart_xla = {}, {}
+    for sampling, sampler in samplers.items():
+        bart[sampling] = keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
+        bart[sampling].compile(sampler=sampler())
+        # Keras turns XLA off on CPU-only TensorFlow; our loop compiles with
+        # XLA, so KerasHub's is also timed with XLA forced on.
+        if backend == "tensorflow":
+            bart_xla[sampling] = keras_hub.models.BartSeq2SeqLM(
+                backbone=backbone, preprocessor=None
+            )
+            bart_xla[sampling].compile(sampler=sampler(), jit_compile=True)
+
+    for batch in [int(b) for b in args.batches.split(",")]:
+        # Ids from 3: no <s>, <pad> or </s> in the sources.
+        source = rng.integers(3, VOCABULARY, (batch, SOURCE_LENGTH)).astype("int32")
+        source_mask = np.ones_like(source, bool)
+        decoder_ids = np.full((batch, 1 + new), BART_PAD, "int32")
+        decoder_ids[:, 0] = BART_START
+        decoder_mask = np.zeros_like(decoder_ids, bool)
+        decoder_mask[:, 0] = True
+        bart_inputs = {
+            "encoder_token_ids": source,
+            "encoder_padding_mask": source_mask,
+            "decoder_token_ids": decoder_ids,
+            "decoder_padding_mask": decoder_mask,
+        }
+
+        for sampling in samplers:
+            outputs = {}
+
+            def our_generate(sampling=sampling):
+                outputs["ours"] = ours.generate(
+                    source, new, start_token_id=BART_START, sampling=sampling,
+                    num_beams=4, encoder_padding_mask=source_mask,
+                )
+
+            def their_generate(model, name):
+                def run():
+                    # numpy out, as ours: the work is done when it returns.
+                    outputs[name] = model.generate(bart_inputs, stop_token_ids=None)[
+                        "decoder_token_ids"
+                    ]
+
+                return run
+
+            runners = {
+                "ours": our_generate,
+                "keras_hub": their_generate(bart[sampling], "keras_hub"),
+            }
+            if sampling in bart_xla:
+                runners["keras_hub_xla"] = their_generate(bart_xla[sampling], "keras_hub_xla")
+            if sampling == "greedy":
+                runners["uncached"] = uncached_loop(translator, source, new)
+            medians = _interleaved(runners, args.repeats)
+            same = bool(
+                np.array_equal(
+                    np.asarray(outputs["ours"]), outputs["keras_hub"]
+                )
+            )
+            print(
+                json.dumps(
+                    {
+                        "backend": backend,
+                        "kind": "decode",
+                        "sampling": sampling,
+                        "batch": batch,
+                        "same": same,
+                        "ms_per_token": {n: 1e3 * m / new for n, m in medians.items()},
+                        "ratios": {
+                            n: m / medians["ours"] for n, m in medians.items() if n != "ours"
+                        },
+                    }
+                ),
+                flush=True,
+            )
+
+
+def uncached_loop(translator, source, new):
+    """The keras.io example's greedy decoding: the sampler called directly,
+    `next` running the model on the whole target and reading one position."""
+    import keras_hub
+    from keras import ops
+
+    batch = source.shape[0]
+    encoder_ids = ops.convert_to_tensor(source)
+    start = ops.full((batch, 1), 1, dtype="int32")  # any nonzero start id
+    pad = ops.zeros((batch, new), dtype="int32")
+
+    def next(prompt, cache, index):
+        logits = translator({"encoder_inputs": encoder_ids, "decoder_inputs": prompt})
+        return logits[:, index - 1, :], None, cache
+
+    def run():
+        prompt = ops.concatenate((start, pad), axis=-1)
+        ids = keras_hub.samplers.GreedySampler()(next, prompt, stop_token_ids=None, index=1)
+        ops.convert_to_numpy(ids)  # waits for JAX's asynchronous dispatch
+
+    return run
+
+
+def _load():
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="tensorflow,jax,torch")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--train-steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if 1 + args.new_tokens > MAX_LENGTH:
+        parser.error(f"--new-tokens must be below {MAX_LENGTH}")
+    print(
+        "Seq2SeqTransformer (2+2 layers, width 128) against keras_hub: training "
+        "against the keras.io example's model, decoding against BartSeq2SeqLM "
+        f"(same weights) and the example's uncached loop; median of {args.repeats} "
+        "interleaved rounds; ratio = peer time / our time"
+    )
+    print(f"before: {_load()}", flush=True)
+    for backend in args.backends.split(","):
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+        command = [sys.executable, __file__, "--worker", "--batches", args.batches,
+                   "--new-tokens", str(args.new_tokens), "--train-steps",
+                   str(args.train_steps), "--repeats", str(args.repeats)]
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            row = json.loads(line)
+            if row["kind"] == "train":
+                t = row["tokens_per_s"]
+                print(
+                    f"{backend:<11} train   tokens/s ours {t['ours']:>9,.0f}  "
+                    f"keras_hub {t['keras_hub']:>9,.0f}  ratio {row['ratio']:.2f}",
+                    flush=True,
+                )
+            else:
+                m, r = row["ms_per_token"], row["ratios"]
+                peers = "".join(
+                    f"  {name} {m[name]:>7.2f}  ratio {r[name]:.2f}"
+                    for name in ("keras_hub", "keras_hub_xla", "uncached")
+                    if name in m
+                )
+                print(
+                    f"{backend:<11} decode  {row['sampling']:<6} batch {row['batch']}  "
+                    f"ms/token ours {m['ours']:>7.2f}{peers}  same {row['same']}",
+                    flush=True,
+                )
+        if proc.wait() != 0:
+            print(f"{backend}: worker failed with exit code {proc.returncode}")
+    print(f"after: {_load()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
