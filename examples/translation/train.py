@@ -1,0 +1,605 @@
+"""Train an English-to-Spanish `Seq2SeqTransformer` and score it in BLEU.
+
+Reads top to bottom: config presets -> data (Bible verse pairs, whole books
+held out, KerasHub WordPiece, `tf.data` batches bucketed by length) -> model
+-> optimizer (Adam with the paper's inverse-square-root warm-up) and a
+label-smoothed loss -> `model.fit` with a validation loss and a checkpoint
+every `eval_interval` steps -> BLEU and chrF on the test books, greedy and
+with beam search -> sample translations and a picture of the cross-attention.
+
+Usage:
+
+    python examples/translation/train.py                    # --config cpu, < 20 minutes
+    python examples/translation/train.py --backend jax      # or tensorflow, torch
+    python examples/translation/train.py --config gpu --mixed-precision
+    python examples/translation/train.py --tiny             # seconds, for tests
+    python examples/translation/translate.py "The Lord is my shepherd."
+
+A run that finds a checkpoint in `--output-dir` resumes from it (same steps,
+same batches, optimizer state and schedule included); `--fresh` starts over.
+The last line printed is `bleu: <value>`: sacrebleu's corpus BLEU of the
+beam-search translations of the test books.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from keras import ops  # noqa: E402
+
+import data  # noqa: E402
+from keras_attention.models import Seq2SeqTransformer  # noqa: E402
+from translate import translate  # noqa: E402
+
+
+@dataclasses.dataclass
+class Config:
+    # Data.
+    source: str | None = None  # None: the shipped Bible pairs
+    cache_dir: str | None = None
+    layout: str = "auto"  # "bible", "tatoeba" or "auto"
+    max_words: int = 20  # words per side at most (every split)
+    validation_books: tuple | None = None  # None: data.default_held_out_books
+    test_books: tuple | None = None
+    max_train_pairs: int | None = None  # the first pairs only (None: all)
+    max_eval_pairs: int | None = None  # per held-out split (None: all)
+    vocabulary_size: int = 4000  # per language; the learner returns fewer
+    lowercase: bool = False
+    max_length: int = 48  # tokens per side (START / END included), multiple of 8
+    batch_tokens: int = 2048  # about this many tokens per side per batch
+    # Model.
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    num_heads: int = 4
+    hidden_dim: int = 128
+    intermediate_dim: int = 512
+    dropout: float = 0.1
+    normalize_first: bool = False  # the paper's post-norm
+    share_embeddings: bool = False  # one joint vocabulary when True
+    # Optimization (the paper's Adam, schedule and label smoothing).
+    steps: int = 2700
+    eval_interval: int = 300
+    warmup_steps: int = 800
+    learning_rate_scale: float = 0.5
+    beta_1: float = 0.9
+    beta_2: float = 0.98
+    epsilon: float = 1e-9
+    label_smoothing: float = 0.1
+    progress_seconds: float = 30.0  # a progress line at least this often
+    # Evaluation.
+    num_beams: int = 4
+    length_penalty: float = 0.6
+    eval_batch_size: int = 64
+    num_samples: int = 3
+    seed: int = 1
+
+
+PRESETS = {
+    # 3 + 3 blocks of width 128 on the 2-core CPU: 2,700 steps of about
+    # 2,048 target tokens, 18 passes over the training books.
+    "cpu": {},
+    # The paper's base model and schedule on the 25,895 training pairs of up
+    # to 40 words (about 110 batches of 8,192 tokens a pass) with the
+    # dropout of the paper's big model, 0.3, as a corpus this small needs:
+    # 6,000 steps, about 55 passes. Not yet measured.
+    "gpu": dict(
+        max_words=40,
+        max_length=96,
+        batch_tokens=8192,
+        vocabulary_size=8000,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        num_heads=8,
+        hidden_dim=512,
+        intermediate_dim=2048,
+        dropout=0.3,
+        steps=6000,
+        eval_interval=500,
+        warmup_steps=4000,
+        learning_rate_scale=1.0,
+        eval_batch_size=256,
+    ),
+    "tiny": dict(
+        max_train_pairs=300,
+        max_eval_pairs=8,
+        vocabulary_size=300,
+        max_length=16,
+        batch_tokens=128,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        steps=6,
+        eval_interval=3,
+        warmup_steps=2,
+        num_beams=2,
+        eval_batch_size=8,
+        num_samples=1,
+    ),
+}
+
+
+class Ticker:
+    """Prints a line when `seconds` have passed since the last one."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.last = time.perf_counter()
+
+    def due(self):
+        now = time.perf_counter()
+        if now - self.last >= self.seconds:
+            self.last = now
+            return True
+        return False
+
+    def reset(self):
+        self.last = time.perf_counter()
+
+
+# Data.
+
+
+def make_data(config, start_step=0, tokenizer=None):
+    """The pairs' splits, the tokenizer and the training / validation batches.
+
+    Returns:
+        A dict: `train`, `validation`, `test` (lists of `data.Pair`),
+        `tokenizer` (learned from `train` unless given), `train_batches` (the
+        endless `tf.data` stream from `start_step`), `batches_per_epoch` and
+        `validation_batches`.
+    """
+    pairs = data.filter_by_length(
+        data.load_pairs(config.source, config.cache_dir, config.layout), config.max_words
+    )
+    default_validation, default_test = data.default_held_out_books(pairs)
+    validation_books = config.validation_books or default_validation
+    test_books = config.test_books or default_test
+    train, validation, test = data.split_pairs(pairs, validation_books, test_books)
+    train = train[: config.max_train_pairs]
+    validation = validation[: config.max_eval_pairs]
+    test = test[: config.max_eval_pairs]
+    if tokenizer is None:
+        print(f"learning the WordPiece vocabularies from {len(train)} pairs", flush=True)
+        start = time.perf_counter()
+        tokenizer = data.PairTokenizer.fit(
+            train, config.vocabulary_size, config.share_embeddings, config.lowercase
+        )
+        print(f"learned the WordPiece vocabularies in {time.perf_counter() - start:.1f} s")
+    train_batches, per_epoch = data.train_batches(
+        train, tokenizer, config.max_length, config.batch_tokens, config.seed, start_step
+    )
+    validation_batches = data.eval_batches(
+        validation, tokenizer, config.max_length, config.batch_tokens
+    )
+    names = data.book_names if data.is_bible(pairs) else (lambda books: f"groups {list(books)}")
+    print(
+        f"pairs: {len(train)} train, {len(validation)} validation "
+        f"({names(validation_books)}), {len(test)} test ({names(test_books)}); "
+        f"{per_epoch} training batches per pass"
+    )
+    return dict(
+        train=train, validation=validation, test=test, tokenizer=tokenizer,
+        train_batches=train_batches, batches_per_epoch=per_epoch,
+        validation_batches=validation_batches,
+    )
+
+
+# Model, schedule and loss.
+
+
+def build_model(config, tokenizer):
+    model = Seq2SeqTransformer(
+        source_vocabulary_size=tokenizer.source_vocabulary_size,
+        target_vocabulary_size=tokenizer.target_vocabulary_size,
+        max_source_length=config.max_length,
+        max_target_length=config.max_length,
+        num_encoder_layers=config.num_encoder_layers,
+        num_decoder_layers=config.num_decoder_layers,
+        num_heads=config.num_heads,
+        hidden_dim=config.hidden_dim,
+        intermediate_dim=config.intermediate_dim,
+        dropout=config.dropout,
+        normalize_first=config.normalize_first,
+        share_embeddings=config.share_embeddings,
+        pad_token_id=data.PAD_ID,
+        seed=config.seed,
+    )
+    model.build()
+    return model
+
+
+@keras.saving.register_keras_serializable(package="translation")
+class InverseSquareRootSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The paper's learning rate (section 5.3), times `scale`:
+
+        lrate = scale * hidden_dim^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)
+
+    a linear rise for `warmup_steps` steps to `scale / sqrt(hidden_dim *
+    warmup_steps)`, then a decay as `1 / sqrt(step)`. `step` counts from 1
+    (the optimizer's iteration counter plus one), so the first update is not
+    0.
+    """
+
+    def __init__(self, hidden_dim, warmup_steps=4000, scale=1.0):
+        self.hidden_dim = int(hidden_dim)
+        self.warmup_steps = int(warmup_steps)
+        self.scale = float(scale)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32") + 1.0
+        return (
+            self.scale
+            * self.hidden_dim**-0.5
+            * ops.minimum(ops.rsqrt(step), step * self.warmup_steps**-1.5)
+        )
+
+    def get_config(self):
+        return {
+            "hidden_dim": self.hidden_dim,
+            "warmup_steps": self.warmup_steps,
+            "scale": self.scale,
+        }
+
+
+@keras.saving.register_keras_serializable(package="translation")
+class SmoothedCrossEntropy(keras.losses.Loss):
+    """Cross-entropy from logits against label-smoothed sparse labels.
+
+    The target distribution is `(1 - e) onehot(y) + e / V` (the paper's
+    label smoothing, `e = 0.1`), so
+
+        loss = (1 - e) (-log p_y) + e mean_v(-log p_v),
+
+    `keras.losses.CategoricalCrossentropy(label_smoothing=e,
+    from_logits=True)` on one-hot labels, without building them. The default
+    reduction averages over the tokens whose sample weight is not 0 (the
+    padding has weight 0).
+    """
+
+    def __init__(
+        self, label_smoothing=0.1, reduction="mean_with_sample_weight",
+        name="smoothed_cross_entropy", **kwargs,
+    ):
+        super().__init__(name=name, reduction=reduction, **kwargs)
+        self.label_smoothing = float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        log_p = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)  # (B, T, V)
+        labels = ops.expand_dims(ops.cast(y_true, "int32"), -1)  # (B, T, 1)
+        nll = -ops.squeeze(ops.take_along_axis(log_p, labels, axis=-1), -1)  # (B, T)
+        uniform = -ops.mean(log_p, axis=-1)  # (B, T)
+        return (1.0 - self.label_smoothing) * nll + self.label_smoothing * uniform
+
+    def get_config(self):
+        config = super().get_config()
+        config["label_smoothing"] = self.label_smoothing
+        return config
+
+
+def compile_model(model, config, jit_compile="auto"):
+    """Adam(0.9, 0.98, 1e-9) on the warm-up schedule; accuracy on real tokens."""
+    schedule = InverseSquareRootSchedule(
+        config.hidden_dim, config.warmup_steps, config.learning_rate_scale
+    )
+    optimizer = keras.optimizers.Adam(
+        schedule, beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=SmoothedCrossEntropy(config.label_smoothing),
+        # Weighted: the sample weights leave the padding out.
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        jit_compile=jit_compile,
+    )
+    optimizer.build(model.trainable_variables)
+
+
+# Training: progress and checkpoints.
+
+
+class Progress(keras.callbacks.Callback):
+    """A line at least every `seconds` while training, and one per interval
+    with the validation loss."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.ticker = Ticker(seconds)
+        self._start = None
+
+    def _step(self):
+        return int(ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._first_step = self._step()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.ticker.due():
+            step = self._step()
+            ms = 1e3 * (time.perf_counter() - self._start) / max(step - self._first_step, 1)
+            print(
+                f"step {step}: loss {float(logs['loss']):.4f}, "
+                f"accuracy {float(logs['accuracy']):.4f}, {ms:.0f} ms/step",
+                flush=True,
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - self._start
+        print(
+            f"step {self._step()}: loss {logs['loss']:.4f}, accuracy "
+            f"{logs['accuracy']:.4f}, val_loss {logs['val_loss']:.4f}, val_accuracy "
+            f"{logs['val_accuracy']:.4f} ({seconds:.0f} s)",
+            flush=True,
+        )
+        self.ticker.reset()
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """After every `eval_interval` steps: weights + optimizer state, the step,
+    the config and the vocabularies (see `save_checkpoint`)."""
+
+    def __init__(self, directory, config, tokenizer):
+        super().__init__()
+        self.directory = pathlib.Path(directory)
+        self.config = config
+        self.tokenizer = tokenizer
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(ops.convert_to_numpy(self.model.optimizer.iterations))
+        save_checkpoint(self.directory, self.model, self.config, self.tokenizer, step)
+
+
+def save_checkpoint(directory, model, config, tokenizer, step):
+    """Writes `directory/checkpoint/`: `model.weights.h5` (with the optimizer's
+    moments and step counter, so the schedule continues), `state.json` (step,
+    config) and the vocabularies.
+
+    Atomic: everything goes to `checkpoint.tmp/` first, which then replaces
+    the previous checkpoint by renames, so a run killed while saving leaves a
+    whole checkpoint (`checkpoint/`, or `checkpoint.old/` between the two
+    renames).
+    """
+    directory = pathlib.Path(directory)
+    final, tmp, old = (directory / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_weights(tmp / "model.weights.h5")
+    tokenizer.save(tmp)
+    state = {"step": step, "config": dataclasses.asdict(config)}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(directory):
+    """`(step, config dict, tokenizer, path)` of the checkpoint in
+    `directory`, or `None` if there is none."""
+    for name in ("checkpoint", "checkpoint.old"):
+        path = pathlib.Path(directory) / name
+        if (path / "state.json").exists():
+            state = json.loads((path / "state.json").read_text())
+            return state["step"], state["config"], data.PairTokenizer.load(path), path
+    return None
+
+
+def train(model, config, datasets, output, start_step):
+    """`model.fit` from `start_step` to `config.steps`; returns the seconds."""
+    start = time.perf_counter()
+    if start_step < config.steps:
+        model.fit(
+            datasets["train_batches"],
+            initial_epoch=start_step // config.eval_interval,
+            epochs=config.steps // config.eval_interval,
+            steps_per_epoch=config.eval_interval,
+            validation_data=datasets["validation_batches"],
+            callbacks=[
+                Progress(config.progress_seconds),
+                Checkpoint(output, config, datasets["tokenizer"]),
+            ],
+            shuffle=False,  # the stream is shuffled already
+            verbose=0,
+        )
+    seconds = time.perf_counter() - start
+    print(f"trained {config.steps - start_step} steps in {seconds:.1f} s")
+    return seconds
+
+
+# Evaluation and samples.
+
+
+def evaluate(model, tokenizer, pairs, config):
+    """Corpus BLEU and chrF (sacrebleu) of greedy and beam-search translations.
+
+    Returns:
+        `{"greedy": {...}, "beam": {...}}`, each with `bleu`, `chrf`,
+        `seconds` and `translations`.
+    """
+    import sacrebleu
+
+    sources = [p.source for p in pairs]
+    references = [p.target for p in pairs]
+    ticker = Ticker(config.progress_seconds)
+    results = {}
+    for sampling in ("greedy", "beam"):
+        label = f"beam ({config.num_beams} beams)" if sampling == "beam" else "greedy"
+
+        def on_batch(done, total):
+            if ticker.due():
+                print(f"translating ({label}): {done}/{total}", flush=True)
+
+        start = time.perf_counter()
+        hypotheses = translate(
+            model, tokenizer, sources, sampling, config.num_beams,
+            config.length_penalty, config.eval_batch_size, on_batch,
+        )
+        seconds = time.perf_counter() - start
+        bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
+        chrf = sacrebleu.corpus_chrf(hypotheses, [references]).score
+        print(
+            f"test {label}: BLEU {bleu:.2f}, chrF {chrf:.2f} "
+            f"({len(pairs)} pairs, {seconds:.1f} s)",
+            flush=True,
+        )
+        results[sampling] = dict(
+            bleu=bleu, chrf=chrf, seconds=seconds, translations=hypotheses
+        )
+    return results
+
+
+def show_samples(pairs, results, count):
+    """Prints `count` test pairs with their greedy and beam translations."""
+    for i in np.linspace(0, len(pairs) - 1, count).astype(int) if count else []:
+        pair = pairs[i]
+        print(
+            f"---- {pair.reference} ----\n"
+            f"source:    {pair.source}\n"
+            f"reference: {pair.target}\n"
+            f"greedy:    {results['greedy']['translations'][i]}\n"
+            f"beam:      {results['beam']['translations'][i]}",
+            flush=True,
+        )
+
+
+def plot_cross_attention(model, tokenizer, text, path):
+    """Saves the cross-attention of the last decoder block as a PNG.
+
+    The model translates `text` greedily, then reads its own translation
+    with teacher forcing; row `t` of each head is the decoder position that
+    produces target token `t` (labelled by it), column `s` source token `s`.
+    """
+    from keras_attention.visualization import capture_attention, plot_attention
+
+    source = np.array([tokenizer.encode_source([text])[0][: model.max_source_length]], "int32")
+    generated = model.generate(
+        source, model.max_target_length - 1, start_token_id=data.START_ID,
+        end_token_id=data.END_ID,
+    )[0]
+    produced = tokenizer.target_tokens(generated)
+    if data.END_ID in generated:
+        produced.append("[END]")
+    # [START] and the tokens before the last one produced: (1, T)
+    decoder_ids = generated[None, : len(produced)]
+    maps = dict(
+        capture_attention(
+            model, {"encoder_token_ids": source, "decoder_token_ids": decoder_ids}
+        )
+    )
+    name = model.decoder.blocks[-1].cross_attention.path
+    weights = maps[name][0]  # (H, T, S)
+    figure = plot_attention(
+        weights,
+        query_labels=produced,
+        key_labels=tokenizer.source_tokens(source[0]),
+        title=f"{name}: {text}",
+        columns=2,
+        panel_size=max(3.0, 0.2 * max(weights.shape[1:])),
+    )
+    # The panels share their tokens: label the rows on the left column only,
+    # the columns on the bottom panels only, so no labels overlap a panel.
+    heads, columns = weights.shape[0], min(weights.shape[0], 2)
+    for index, axes in enumerate(figure.axes[:heads]):
+        if index % columns:
+            axes.tick_params(labelleft=False)
+        if index + columns < heads:
+            axes.tick_params(labelbottom=False)
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    print(f"cross-attention of {name} saved to {path}")
+
+
+# Main.
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
+    parser.add_argument("--backend", choices=common.BACKENDS)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--output-dir", default="translation_output")
+    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
+    parser.add_argument("--source", help="pair file path or URL (default: shipped)")
+    parser.add_argument("--cache-dir", help="where a downloaded pair file is kept")
+    parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
+    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16")
+    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    args = parser.parse_args(argv)
+    config = Config(**PRESETS["tiny" if args.tiny else args.config])
+    for name in ("steps", "eval_interval", "source", "cache_dir", "layout"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    if config.steps % config.eval_interval:
+        parser.error(
+            f"--steps ({config.steps}) must be a multiple of the evaluation "
+            f"interval ({config.eval_interval})"
+        )
+    return args, config
+
+
+def main(argv=None):
+    args, config = parse_args(argv)
+    print(f"backend: {keras.backend.backend()}")
+    if args.mixed_precision:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(config.seed)
+    output = pathlib.Path(args.output_dir)
+
+    start_step, tokenizer = 0, None
+    checkpoint = None if args.fresh else load_checkpoint(output)
+    if checkpoint is not None:
+        start_step, saved, tokenizer, path = checkpoint
+        # The data and model must be those of the checkpoint; only the
+        # number of steps may grow.
+        steps = config.steps
+        config = Config(**{**saved, "steps": max(steps, saved["steps"])})
+        print(f"resuming from step {start_step} of {output}")
+    print(config)
+
+    datasets = make_data(config, start_step, tokenizer)
+    tokenizer = datasets["tokenizer"]
+    model = build_model(config, tokenizer)
+    compile_model(model, config, jit_compile=True if args.jit else "auto")
+    if checkpoint is not None:
+        model.load_weights(path / "model.weights.h5")
+    print(
+        f"vocabularies: {tokenizer.source_vocabulary_size} source, "
+        f"{tokenizer.target_vocabulary_size} target tokens; parameters: "
+        f"{model.count_params():,}"
+    )
+
+    train(model, config, datasets, output, start_step)
+    model.save(output / "model.keras")
+    tokenizer.save(output)
+    print(f"model saved to {output / 'model.keras'}")
+
+    results = evaluate(model, tokenizer, datasets["test"], config)
+    show_samples(datasets["test"], results, config.num_samples)
+    plot_cross_attention(
+        model, tokenizer, datasets["test"][0].source, output / "cross_attention.png"
+    )
+    print(f"bleu: {results['beam']['bleu']:.2f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
