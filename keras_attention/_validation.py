@@ -119,3 +119,18 @@ def check_divisible(name, value, divisor_name, divisor):
             f"`{name}` must be divisible by `{divisor_name}`. Received: "
             f"{name}={value}, {divisor_name}={divisor}"
         )
+
+
+def check_token_ids(name, ids, vocabulary_size, max_length, length_name):
+    """Raises unless the numpy `ids` lie in `[0, vocabulary_size)` and a
+    `(batch, length)` array is at most `max_length` long."""
+    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
+        bad = ids[(ids < 0) | (ids >= vocabulary_size)][0]
+        raise ValueError(
+            f"`{name}` must hold ids in [0, {vocabulary_size}). Received: an id {int(bad)}"
+        )
+    if ids.ndim == 2 and ids.shape[1] > max_length:
+        raise ValueError(
+            f"`{name}` is longer than {length_name}={max_length}. "
+            f"Received: length {ids.shape[1]}"
+        )

@@ -318,17 +318,10 @@ class GPT(keras.Model):
         )
 
     def _check_ids(self, name, ids):
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocabulary_size):
-            bad = ids[(ids < 0) | (ids >= self.vocabulary_size)][0]
-            raise ValueError(
-                f"`{name}` must hold ids in [0, {self.vocabulary_size}). "
-                f"Received: an id {int(bad)}"
-            )
-        if ids.ndim == 2 and ids.shape[1] > self.max_sequence_length:
-            raise ValueError(
-                f"`{name}` is longer than max_sequence_length="
-                f"{self.max_sequence_length}. Received: length {ids.shape[1]}"
-            )
+        _validation.check_token_ids(
+            name, ids, self.vocabulary_size, self.max_sequence_length,
+            "max_sequence_length",
+        )
 
     @classmethod
     def from_keras_hub(cls, backbone, **kwargs):

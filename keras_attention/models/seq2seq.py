@@ -314,7 +314,10 @@ class Seq2SeqTransformer(keras.Model):
                     )
                 ids = inputs[name]
                 if isinstance(ids, (np.ndarray, list, tuple)):
-                    _check_ids(name, np.asarray(ids), vocabulary, length)
+                    length_name = "max_source_length" if name[0] == "e" else "max_target_length"
+                    _validation.check_token_ids(
+                        name, np.asarray(ids), vocabulary, length, length_name
+                    )
         return super().__call__(inputs, *args, **kwargs)
 
     # Cached decoding.
@@ -443,7 +446,10 @@ class Seq2SeqTransformer(keras.Model):
                 "`encoder_token_ids` must have shape (batch, length) with "
                 f"length >= 1. Received: encoder_token_ids with shape {source.shape}"
             )
-        _check_ids("encoder_token_ids", source, self.source_vocabulary_size, self.max_source_length)
+        _validation.check_token_ids(
+            "encoder_token_ids", source, self.source_vocabulary_size,
+            self.max_source_length, "max_source_length",
+        )
         if sampling not in SAMPLING:
             raise ValueError(f"`sampling` must be one of {SAMPLING}. Received: sampling={sampling!r}")
         num_beams = _validation.check_positive_int("num_beams", num_beams)
@@ -604,16 +610,3 @@ def _block_pairs(ours, theirs, cross):
         (ours.feedforward_layer_norm, theirs._feedforward_layer_norm),
     ]
     return pairs
-
-
-def _check_ids(name, ids, vocabulary_size, max_length):
-    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
-        bad = ids[(ids < 0) | (ids >= vocabulary_size)][0]
-        raise ValueError(
-            f"`{name}` must hold ids in [0, {vocabulary_size}). Received: an id {int(bad)}"
-        )
-    if ids.ndim == 2 and ids.shape[1] > max_length:
-        raise ValueError(
-            f"`{name}` is longer than its maximum length {max_length}. "
-            f"Received: length {ids.shape[1]}"
-        )

@@ -332,5 +332,5 @@ def test_generate_rejects_bad_arguments(model, kwargs, message):
 def test_generate_rejects_bad_sources(model):
     with pytest.raises(ValueError, match=r"`encoder_token_ids` must hold ids in \[0, 13\)"):
         model.generate(np.array([[SOURCE_V]]), 3, start_token_id=START)
-    with pytest.raises(ValueError, match=r"`encoder_token_ids` is longer than its maximum length 12"):
+    with pytest.raises(ValueError, match=r"`encoder_token_ids` is longer than max_source_length=12"):
         model.generate(np.ones((1, MAX_S + 1), "int32"), 3, start_token_id=START)
