@@ -95,6 +95,27 @@ def select_backend(argv=None):
 # Corpus.
 
 
+def local_path(source, cache_dir=None, cache_subdir=CACHE_SUBDIR, default_name="corpus.txt"):
+    """`source` as a local `pathlib.Path`: a path as it is; an `http(s)://` or
+    `file://` URL downloaded once into `cache_dir/cache_subdir` (with
+    `keras.utils.get_file`) and found there afterwards."""
+    source = str(source)
+    if "://" not in source:
+        return pathlib.Path(source)
+    import keras
+
+    name = source.rstrip("/").rsplit("/", 1)[-1] or default_name
+    if cache_dir is not None:
+        # get_file falls back to /tmp/.keras for a directory it cannot
+        # write, which includes one that does not exist yet.
+        pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    return pathlib.Path(
+        keras.utils.get_file(
+            fname=name, origin=source, cache_dir=cache_dir, cache_subdir=cache_subdir
+        )
+    )
+
+
 def load_text(source=None, cache_dir=None):
     """The corpus as one string.
 
@@ -112,21 +133,7 @@ def load_text(source=None, cache_dir=None):
     Raises:
         ValueError: if `source` is a path that does not exist.
     """
-    if source is None:
-        source = DEFAULT_CORPUS
-    source = str(source)
-    if "://" in source:
-        import keras
-
-        name = source.rstrip("/").rsplit("/", 1)[-1] or "corpus.txt"
-        if cache_dir is not None:
-            # get_file falls back to /tmp/.keras for a directory it cannot
-            # write, which includes one that does not exist yet.
-            pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        source = keras.utils.get_file(
-            fname=name, origin=source, cache_dir=cache_dir, cache_subdir=CACHE_SUBDIR
-        )
-    path = pathlib.Path(source)
+    path = local_path(DEFAULT_CORPUS if source is None else source, cache_dir)
     if not path.exists():
         raise ValueError(f"`source` does not exist. Received: source={str(path)!r}")
     opener = gzip.open if path.suffix == ".gz" else open

@@ -32,9 +32,13 @@ import gzip
 import pathlib
 import re
 import zipfile
+import sys
 import zlib
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
 
 DEFAULT_SOURCE = (
     pathlib.Path(__file__).resolve().parents[1] / "data" / "web_rv1909.tsv.gz"
@@ -103,19 +107,10 @@ def read_source(source=None, cache_dir=None):
     Raises:
         ValueError: if `source` is a path that does not exist.
     """
-    source = str(DEFAULT_SOURCE if source is None else source)
-    if "://" in source:
-        import keras
-
-        name = source.rstrip("/").rsplit("/", 1)[-1] or "pairs.tsv"
-        if cache_dir is not None:
-            # get_file falls back to /tmp/.keras for a directory that does
-            # not exist yet.
-            pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        source = keras.utils.get_file(
-            fname=name, origin=source, cache_dir=cache_dir, cache_subdir=CACHE_SUBDIR
-        )
-    path = pathlib.Path(source)
+    path = common.local_path(
+        DEFAULT_SOURCE if source is None else source, cache_dir,
+        cache_subdir=CACHE_SUBDIR, default_name="pairs.tsv",
+    )
     if not path.is_file():
         raise ValueError(f"`source` does not exist. Received: source={str(path)!r}")
     if path.suffix == ".zip":

@@ -35,11 +35,6 @@ def current():
     return _MODULES[name]
 
 
-def name():
-    """The running backend's name, for messages and benchmarks."""
-    return keras.backend.backend()
-
-
 def preferences():
     """The running backend's `Preferences` (kernel and projection choices)."""
     return current().PREFERENCES
@@ -108,7 +103,6 @@ __all__ = [
     "decoder_step",
     "kernel_dtype",
     "linear",
-    "name",
     "preferences",
     "stateless_uniform",
     "unless_nonfinite",
