@@ -67,15 +67,18 @@ def compile_decoding(loop, variables, fast_step=None):
         loop: `loop(*args, step=None)`, written in `keras.ops`; `step=None`
             means the model's own (Keras layers) step.
         variables: the model's variables, which the loop reads.
-        fast_step: optional zero-argument function returning a step in the
-            backend's own operations (or None), asked once per call so that
-            it sees the current weights. Used where the loop runs eagerly.
+        fast_step: optional zero-argument function returning the model's
+            step outside the layers (`decoder_step`, `block_step`) or None,
+            asked once per call (inside the trace where the loop compiles)
+            so that it sees the current weights.
     """
     return current().compile_decoding(loop, variables, fast_step)
 
 
 def decoder_step(embedding, blocks, final_norm):
-    """A one-token step of a decoder in the backend's own operations, or None.
+    """A one-token step of a decoder outside the layers, or None: in plain
+    torch on torch, in `keras.ops` with fewer kernels elsewhere
+    (`compiled_steps`).
 
     `step(token_ids, caches, index) -> (logits, caches)` with the contract of
     `GPT._call_with_layer_caches`; None where the backend has none or the
@@ -85,7 +88,8 @@ def decoder_step(embedding, blocks, final_norm):
 
 
 def block_step(block):
-    """A decoder block's cached step in the backend's own operations, or None.
+    """A decoder block's cached step outside the layers, or None (as
+    `decoder_step`).
 
     `step(x, self_cache, index, cross_cache=None, cross_mask=None) -> (x,
     self_cache)`, computing what `block(x, self_attention_cache=...,

@@ -9,6 +9,8 @@ import dataclasses
 
 from keras import ops
 
+from keras_attention.backend import compiled_steps
+
 
 @dataclasses.dataclass(frozen=True)
 class Preferences:
@@ -67,12 +69,13 @@ def stateless_uniform(like, seed, step):
 
 
 def compile_decoding(loop, variables, fast_step=None):
-    return loop
+    def function(*args):
+        return loop(*args, step=None if fast_step is None else fast_step())
+
+    return function
 
 
-def decoder_step(embedding, blocks, final_norm):
-    return None
-
-
-def block_step(block):
-    return None
+# The steps in `keras.ops`, for the loops a compiler traces (and where the
+# loop runs eagerly, fewer operations too).
+decoder_step = compiled_steps.decoder_step
+block_step = compiled_steps.block_step

@@ -48,7 +48,9 @@ def compile_decoding(loop, variables, fast_step=None):
     def stateless(values, *args):
         mapping = list(zip(variables, values))
         with keras.StatelessScope(state_mapping=mapping):
-            return loop(*args)
+            # The step is made inside the trace: it reads the weights
+            # mapped above.
+            return loop(*args, step=None if fast_step is None else fast_step())
 
     jitted = jax.jit(stateless)
 

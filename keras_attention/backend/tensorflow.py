@@ -36,4 +36,7 @@ def stateless_uniform(like, seed, step):
 def compile_decoding(loop, variables, fast_step=None):
     # XLA fuses a step's few hundred small ops: without it the graph
     # executor's per-op overhead is most of a step on a CPU.
-    return tf.function(loop, jit_compile=True)
+    def traced(*args):
+        return loop(*args, step=None if fast_step is None else fast_step())
+
+    return tf.function(traced, jit_compile=True)

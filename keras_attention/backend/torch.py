@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from keras import ops
 
 from keras_attention import kv_cache
+from keras_attention.backend import allow_lists
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
 
@@ -67,152 +68,16 @@ def compile_decoding(loop, variables, fast_step=None):
     return function
 
 
-# The allow-lists: each option of a layer's config that the steps compute,
-# with the values they accept (`_ANY`: every value). An option not listed,
-# or a value not accepted, sends the layer to the Keras layers.
-_ANY = None
-_BASE = {"name": _ANY, "trainable": _ANY, "dtype": _ANY}
-_BLOCK_OPTIONS = {
-    **_BASE,
-    "intermediate_dim": _ANY,
-    "num_heads": _ANY,
-    "dropout": _ANY,  # decoding is inference: no dropout
-    "activation": _ANY,  # applied as the layer applies it
-    "layer_norm_epsilon": _ANY,
-    "kernel_initializer": _ANY,
-    "bias_initializer": _ANY,
-    "normalize_first": _ANY,  # pre- and post-norm
-    "key_dim": _ANY,
-    "num_key_value_heads": _ANY,
-    "score": _ANY,  # checked on the attention layer: a dot product
-    "attention_dropout": _ANY,
-    "feedforward_dropout": _ANY,
-    "gated_feedforward": (False,),
-    "normalization": ("layer_norm",),
-    "use_rotary_embedding": (False,),
-    "rotary_max_wavelength": _ANY,
-    "use_bias": _ANY,
-    "seed": _ANY,
-}
-_ATTENTION_OPTIONS = {
-    **_BASE,
-    "num_heads": _ANY,
-    "key_dim": _ANY,
-    "value_dim": _ANY,  # a cache needs it equal to key_dim: the layer checks
-    "dropout": _ANY,
-    "use_bias": _ANY,
-    "output_shape": (None,),
-    "num_key_value_heads": _ANY,
-    "score": _ANY,
-    "rotary_embedding": (None,),
-    "fused": _ANY,
-    "seed": _ANY,
-    "kernel_initializer": _ANY,
-    "bias_initializer": _ANY,
-    "kernel_regularizer": _ANY,
-    "bias_regularizer": _ANY,
-    "activity_regularizer": _ANY,
-    "kernel_constraint": _ANY,
-    "bias_constraint": _ANY,
-}
-_FEEDFORWARD_OPTIONS = {
-    **_BASE,
-    "intermediate_dim": _ANY,
-    "activation": _ANY,
-    "dropout": _ANY,
-    "gated": (False,),
-    "output_dim": (None,),
-    "use_bias": _ANY,
-    "kernel_initializer": _ANY,
-    "bias_initializer": _ANY,
-    "kernel_regularizer": _ANY,
-    "bias_regularizer": _ANY,
-    "seed": _ANY,
-}
-_EMBEDDING_OPTIONS = {
-    **_BASE,
-    "vocabulary_size": _ANY,
-    "sequence_length": _ANY,
-    "embedding_dim": _ANY,
-    "mask_zero": _ANY,
-    "tie_weights": (True,),
-    "position_initializer": _ANY,
-    "embeddings_initializer": _ANY,
-    "position": ("learned",),
-    "max_wavelength": _ANY,
-}
-
-
-def _allowed(layer, options):
-    for key, value in layer.get_config().items():
-        if key not in options:
-            return False
-        accepted = options[key]
-        if accepted is not _ANY and value not in accepted:
-            return False
-    return True
-
-
-def _plain(dense):
-    """A kernel that is a plain weight: no quantization, no LoRA."""
-    return dense.quantization_mode is None and not dense.lora_enabled
-
-
-def _plain_norm(norm):
-    """Keras's layer norm over the last axis (not its RMS variant)."""
-    return (
-        isinstance(norm, keras.layers.LayerNormalization)
-        and not norm.rms_scaling
-        and norm.axis in (-1, [-1], (-1,))
-    )
-
-
-def _attention_allowed(attention):
-    return (
-        attention is not None
-        and _allowed(attention, _ATTENTION_OPTIONS)
-        and attention.score.dot_product_scale(attention.key_dim) is not None
-        and all(
-            _plain(d)
-            for d in (
-                attention.query_dense,
-                attention.key_dense,
-                attention.value_dense,
-                attention.output_dense,
-            )
-        )
-    )
-
-
-def _block_allowed(block):
-    feedforward = block.feedforward
-    norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
-    if block.cross_attention is not None:
-        if not _attention_allowed(block.cross_attention):
-            return False
-        norms.append(block.cross_attention_layer_norm)
-    return (
-        _allowed(block, _BLOCK_OPTIONS)
-        and _attention_allowed(block.self_attention)
-        and _allowed(feedforward, _FEEDFORWARD_OPTIONS)
-        and _plain(feedforward.intermediate_dense)
-        and _plain(feedforward.output_dense)
-        and all(_plain_norm(n) for n in norms)
-    )
-
-
 def block_step(block):
-    if not _block_allowed(block):
+    if not allow_lists.block_allowed(block):
         return None
     return _BlockStep(block)
 
 
 def decoder_step(embedding, blocks, final_norm):
     if not (
-        _allowed(embedding, _EMBEDDING_OPTIONS)
-        and _plain(embedding.token_embedding)
-        and embedding.token_embedding.logit_soft_cap is None
-        and (final_norm is None or _plain_norm(final_norm))
+        allow_lists.embedding_allowed(embedding)
+        and (final_norm is None or allow_lists.plain_norm(final_norm))
     ):
         return None
     steps = [block_step(block) for block in blocks]

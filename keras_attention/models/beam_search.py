@@ -17,7 +17,11 @@ hypothesis is finished as it stands. A source that is done is frozen, so a
 batch decodes as each source would alone.
 
 The caches hold `B K` rows (row `b K + k` is beam `k` of source `b`) and are
-reordered after each step to follow the hypotheses that survive.
+reordered after each step to follow the hypotheses that survive: every leaf
+by default, or what the model's `reorder` takes (parts that are the same for
+every beam of a source, such as a translation model's cross-attention keys
+and values, need no reordering: a hypothesis only ever moves within its
+source's rows).
 """
 
 import keras
@@ -26,9 +30,14 @@ from keras import ops
 NEGATIVE = -1e30  # a finite "minus infinity": arithmetic on it stays finite
 
 
+def take_rows(caches, rows):
+    """Every leaf of `caches` at `rows` `(B K,)` of its axis 0."""
+    return keras.tree.map_structure(lambda cache: ops.take(cache, rows, axis=0), caches)
+
+
 def beam_search(
     step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
-    length_penalty,
+    length_penalty, reorder=take_rows,
 ):
     """The `K` best hypotheses per source and their scores.
 
@@ -42,6 +51,9 @@ def beam_search(
         end_token_id: optional int.
         pad_token_id: int, written after the end token.
         length_penalty: float, the exponent of the length in the ranking.
+        reorder: `reorder(caches, rows) -> caches`, the caches following the
+            hypotheses that survive a step (`rows` `(B K,)`, each within its
+            source's rows).
 
     Returns:
         `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
@@ -104,9 +116,7 @@ def beam_search(
         rows = ops.reshape(
             ops.take_along_axis(source_beam, kept, axis=1) + offsets, (-1,)
         )  # (B K,): the row each surviving hypothesis grew from
-        caches = keras.tree.map_structure(
-            lambda cache: ops.take(cache, rows, axis=0), caches
-        )
+        caches = reorder(caches, rows)
         # Done: no open hypothesis can beat the K-th finished one any more.
         if penalty >= 0:
             best_length = float(last) ** penalty

@@ -166,11 +166,14 @@ class Generator:
         fast_step: optional zero-argument function returning a step in the
             backend's own operations, or None (see `backend.decoder_step`).
         max_length_name: the model's name for `max_length`, for messages.
+        reorder_caches: optional `reorder_caches(caches, rows) -> caches`
+            for beam search (`beam_search.beam_search`'s `reorder`); by
+            default every leaf follows the surviving hypotheses.
     """
 
     def __init__(
         self, step, empty_caches, variables, vocabulary_size, max_length, fast_step=None,
-        max_length_name="max_sequence_length",
+        max_length_name="max_sequence_length", reorder_caches=None,
     ):
         self.step = step
         self.empty_caches = empty_caches
@@ -179,6 +182,7 @@ class Generator:
         self.max_length = max_length
         self.fast_step = fast_step
         self.max_length_name = max_length_name
+        self.reorder_caches = reorder_caches or beam_search_lib.take_rows
         self._functions = {}
 
     def check_token(self, name, token):
@@ -299,7 +303,8 @@ class Generator:
                 lambda cache: ops.repeat(cache, num_beams, axis=0), caches
             )
             return beam_search_lib.beam_search(
-                step or self.step, caches, start_token_id, total, **options
+                step or self.step, caches, start_token_id, total,
+                reorder=self.reorder_caches, **options,
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))

@@ -19,6 +19,7 @@ from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_decoder import TransformerDecoder
 from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.models import beam_search
 from keras_attention.models import generation
 
 POSITIONS = ("sinusoidal", "learned")
@@ -334,7 +335,11 @@ class Seq2SeqTransformer(keras.Model):
             )
             for b in blocks
         )
-        cross_caches = tuple(b.cross_attention.compute_cache(encoded) for b in blocks)
+        # Hidden source positions zeroed: nothing there can reach a query,
+        # whichever step attends.
+        cross_caches = tuple(
+            kv_cache.hide(b.cross_attention.compute_cache(encoded), mask) for b in blocks
+        )
         return self_caches, cross_caches, mask
 
     def _decoding_step(self, token_ids, caches, index):
@@ -361,6 +366,14 @@ class Seq2SeqTransformer(keras.Model):
         if self.decoder.output_layer_norm is not None:
             x = self.decoder.output_layer_norm(x)
         return self.token_embedding(x, reverse=True), (tuple(updated), cross_caches, mask)
+
+    @staticmethod
+    def _reorder_caches(caches, rows):
+        """Beam search's reordering: the self-attention caches follow the
+        hypotheses; the cross caches and the source mask are the same for
+        every beam of a source, so they stay as they are."""
+        self_caches, cross_caches, mask = caches
+        return beam_search.take_rows(self_caches, rows), cross_caches, mask
 
     def _fast_step(self):
         """On torch, the decoder blocks in plain torch operations (the
@@ -517,6 +530,7 @@ class Seq2SeqTransformer(keras.Model):
                 max_length=self.max_target_length,
                 fast_step=self._fast_step,
                 max_length_name="max_target_length",
+                reorder_caches=self._reorder_caches,
             )
         return self._generator
 

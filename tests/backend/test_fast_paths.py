@@ -1,5 +1,6 @@
-"""Tests of the backend seam: the fast decoding steps against the layers,
-their allow-lists, and the backends' preferences.
+"""Tests of the backend seam: the decoding steps outside the layers (plain
+torch on torch, `keras.ops` elsewhere) against the layers, their
+allow-lists, and the backends' preferences.
 
 Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
 length, `D` width, `G` key/value heads, `K` head size.
@@ -79,9 +80,6 @@ def test_block_step_equals_the_layers(kwargs, encoder):
         encoder_mask = np.ones((B, S), bool)
         encoder_mask[0, -2:] = False
     expected, got = _steps_both_ways(block, encoder_mask)
-    if BACKEND != "torch":
-        assert got is None  # the layers decode
-        return
     (want_x, want_cache), (got_x, got_cache) = expected[:2], got
     np.testing.assert_allclose(harness.to_numpy(got_x), harness.to_numpy(want_x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
@@ -92,30 +90,40 @@ def test_block_step_equals_the_layers(kwargs, encoder):
 def test_block_step_keeps_the_rules_on_a_padded_encoder():
     # One example's encoder is all padding (its cross-attention output is
     # exactly 0, as the layers give), and NaN at a padded encoder position
-    # reaches no output.
+    # reaches no output: the torch step guards, the `keras.ops` step reads
+    # cross caches whose hidden positions the model zeroed (`kv_cache.hide`).
     block = _block(True)
     encoder_mask = np.ones((B, S), bool)
     encoder_mask[0] = False
     encoder_mask[1, -1] = False
     expected, got = _steps_both_ways(block, encoder_mask)
-    if BACKEND != "torch":
-        assert got is None
-        return
     np.testing.assert_allclose(
         harness.to_numpy(got[0]), harness.to_numpy(expected[0]), rtol=1e-5, atol=1e-5
     )
     cross = block.cross_attention.compute_cache(_normal((B, S, D), 2))
     poisoned = harness.to_numpy(cross).copy()
     poisoned[1, :, -1] = np.nan
+    poisoned = keras.ops.convert_to_tensor(poisoned)
     step = backend.block_step(block)
     x = keras.ops.convert_to_tensor(_normal((B, 1, D), 4))
     mask = keras.ops.convert_to_tensor(encoder_mask)
-    clean, _ = step(x, kv_cache.empty(B, L, H, D // H, "float32"), 0, cross, mask)
-    dirty, _ = step(
-        x, kv_cache.empty(B, L, H, D // H, "float32"), 0,
-        keras.ops.convert_to_tensor(poisoned), mask,
-    )
+    empty = lambda: kv_cache.empty(B, L, H, D // H, "float32")  # noqa: E731
+    clean, _ = step(x, empty(), 0, kv_cache.hide(cross, mask), mask)
+    dirty, _ = step(x, empty(), 0, kv_cache.hide(poisoned, mask), mask)
     np.testing.assert_array_equal(harness.to_numpy(dirty), harness.to_numpy(clean))
+    assert np.isfinite(harness.to_numpy(clean)).all()
+    if BACKEND == "torch":  # the torch step also guards an unhidden cache
+        dirty, _ = step(x, empty(), 0, poisoned, mask)
+        np.testing.assert_array_equal(harness.to_numpy(dirty), harness.to_numpy(clean))
+
+
+def test_hide_zeroes_only_hidden_positions():
+    cache = _normal((B, 2, S, H, D // H), 5)
+    mask = np.ones((B, S), bool)
+    mask[0, 1] = mask[1, -1] = False
+    hidden = harness.to_numpy(kv_cache.hide(keras.ops.convert_to_tensor(cache), mask))
+    expected = np.where(mask[:, None, :, None, None], cache, 0.0)
+    np.testing.assert_array_equal(hidden, expected)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +152,7 @@ def test_an_unknown_option_falls_back_to_the_layers():
     block.build((None, None, D))
     assert backend.block_step(block) is None
     plain = _block(False)
-    assert (backend.block_step(plain) is None) == (BACKEND != "torch")
+    assert backend.block_step(plain) is not None
     plain.self_attention.value_dense.enable_lora(2)  # not a plain weight
     assert backend.block_step(plain) is None
 
@@ -153,7 +161,7 @@ def test_recording_sends_decoding_to_the_layers():
     model = GPT(vocabulary_size=11, max_sequence_length=8, num_layers=1, num_heads=2,
                 hidden_dim=8, intermediate_dim=16)
     model.build((None, None))
-    assert (model._fast_step() is None) == (BACKEND != "torch")
+    assert model._fast_step() is not None
     with kernels.recording():
         assert model._fast_step() is None  # only the layers record
 
@@ -168,7 +176,7 @@ def test_preferences_are_declared_per_backend():
     assert preferences.fuse_projections == (BACKEND == "tensorflow")
 
 
-def test_translation_step_on_torch_equals_the_layers():
+def test_translation_step_equals_the_layers():
     """The translation model's decoding step (block steps with cross-attention
     and a padded source) against its step through the layers."""
     from keras_attention.models import Seq2SeqTransformer
@@ -182,9 +190,6 @@ def test_translation_step_on_torch_equals_the_layers():
     for variable in model.weights:
         variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
     fast = model._fast_step()
-    if BACKEND != "torch":
-        assert fast is None
-        return
     assert fast is not None
     source = np.array([[3, 4, 5, 6], [7, 8, 0, 0]], "int32")
     caches = model._decoding_caches(2, 5, source, source != 0)

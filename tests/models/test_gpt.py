@@ -521,8 +521,10 @@ def test_generation_compiles_once_per_shape(sampled, sampler):
         assert traces == 1
 
 
-# Torch decodes in plain torch operations (`backend/torch.py`); elsewhere, and
-# for what that step cannot read, the Keras layers run every step.
+# Decoding steps run outside the layers: in plain torch operations on torch
+# (`backend/torch.py`), in fewer `keras.ops` kernels elsewhere
+# (`backend/compiled_steps.py`); for what those steps cannot read, the Keras
+# layers run every step.
 
 OTHER_BLOCKS = dict(
     num_heads=4, num_key_value_heads=2, use_bias=False, activation="relu",
@@ -541,13 +543,12 @@ OTHER_BLOCKS = dict(
     ids=["defaults", "gqa_no_bias_relu", "bfloat16", "float16_gqa"],
 )
 def test_decoding_step_equals_the_layers(kwargs, policy, tolerance):
-    """One cached step, torch's step against the layers: the same logits and
-    the same keys and values written at the same position of each cache."""
+    """One cached step, the backend's step against the layers: the same
+    logits and the same keys and values written at the same position of
+    each cache."""
     model = _small_gpt(seed=4, dtype=policy, **kwargs)
     step = backend.decoder_step(model.embedding, model.decoder.blocks, model.decoder.output_layer_norm)
-    if BACKEND != "torch":
-        assert step is None  # the layers decode
-        return
+    assert step is not None
     ids = _ids((2, 7), seed=17)
     empty = model._empty_layer_caches(2, MAX_LENGTH)
     _, prefilled = model._call_with_layer_caches(ids[:, :6], empty, 0)

@@ -1,0 +1,151 @@
+"""What a decoding step written outside the layers may compute.
+
+A backend's decoding step (`backend.block_step`, `backend.decoder_step`)
+replaces the Keras layers of a decoder block with the same arithmetic
+written out. It may do so only for configurations it computes: each option
+of a layer's `get_config()` is listed below with the values the steps
+accept (`_ANY`: every value). An option not listed (a new feature, say) or
+a value not accepted sends the block to the layers, so a step never
+silently computes something else than the layer would.
+"""
+
+import keras
+
+_ANY = None
+_BASE = {"name": _ANY, "trainable": _ANY, "dtype": _ANY}
+_BLOCK_OPTIONS = {
+    **_BASE,
+    "intermediate_dim": _ANY,
+    "num_heads": _ANY,
+    "dropout": _ANY,  # decoding is inference: no dropout
+    "activation": _ANY,  # applied as the layer applies it
+    "layer_norm_epsilon": _ANY,
+    "kernel_initializer": _ANY,
+    "bias_initializer": _ANY,
+    "normalize_first": _ANY,  # pre- and post-norm
+    "key_dim": _ANY,
+    "num_key_value_heads": _ANY,
+    "score": _ANY,  # checked on the attention layer: a dot product
+    "attention_dropout": _ANY,
+    "feedforward_dropout": _ANY,
+    "gated_feedforward": (False,),
+    "normalization": ("layer_norm",),
+    "use_rotary_embedding": (False,),
+    "rotary_max_wavelength": _ANY,
+    "use_bias": _ANY,
+    "seed": _ANY,
+}
+_ATTENTION_OPTIONS = {
+    **_BASE,
+    "num_heads": _ANY,
+    "key_dim": _ANY,
+    "value_dim": _ANY,  # a cache needs it equal to key_dim: the layer checks
+    "dropout": _ANY,
+    "use_bias": _ANY,
+    "output_shape": (None,),
+    "num_key_value_heads": _ANY,
+    "score": _ANY,
+    "rotary_embedding": (None,),
+    "fused": _ANY,
+    "seed": _ANY,
+    "kernel_initializer": _ANY,
+    "bias_initializer": _ANY,
+    "kernel_regularizer": _ANY,
+    "bias_regularizer": _ANY,
+    "activity_regularizer": _ANY,
+    "kernel_constraint": _ANY,
+    "bias_constraint": _ANY,
+}
+_FEEDFORWARD_OPTIONS = {
+    **_BASE,
+    "intermediate_dim": _ANY,
+    "activation": _ANY,
+    "dropout": _ANY,
+    "gated": (False,),
+    "output_dim": (None,),
+    "use_bias": _ANY,
+    "kernel_initializer": _ANY,
+    "bias_initializer": _ANY,
+    "kernel_regularizer": _ANY,
+    "bias_regularizer": _ANY,
+    "seed": _ANY,
+}
+_EMBEDDING_OPTIONS = {
+    **_BASE,
+    "vocabulary_size": _ANY,
+    "sequence_length": _ANY,
+    "embedding_dim": _ANY,
+    "mask_zero": _ANY,
+    "tie_weights": (True,),
+    "position_initializer": _ANY,
+    "embeddings_initializer": _ANY,
+    "position": ("learned",),
+    "max_wavelength": _ANY,
+}
+
+
+def allowed(layer, options):
+    for key, value in layer.get_config().items():
+        if key not in options:
+            return False
+        accepted = options[key]
+        if accepted is not _ANY and value not in accepted:
+            return False
+    return True
+
+
+def plain(dense):
+    """A kernel that is a plain weight: no quantization, no LoRA."""
+    return dense.quantization_mode is None and not dense.lora_enabled
+
+
+def plain_norm(norm):
+    """Keras's layer norm over the last axis (not its RMS variant)."""
+    return (
+        isinstance(norm, keras.layers.LayerNormalization)
+        and not norm.rms_scaling
+        and norm.axis in (-1, [-1], (-1,))
+    )
+
+
+def attention_allowed(attention):
+    return (
+        attention is not None
+        and allowed(attention, _ATTENTION_OPTIONS)
+        and attention.score.dot_product_scale(attention.key_dim) is not None
+        and all(
+            plain(d)
+            for d in (
+                attention.query_dense,
+                attention.key_dense,
+                attention.value_dense,
+                attention.output_dense,
+            )
+        )
+    )
+
+
+def block_allowed(block):
+    feedforward = block.feedforward
+    norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
+    if block.cross_attention is not None:
+        if not attention_allowed(block.cross_attention):
+            return False
+        norms.append(block.cross_attention_layer_norm)
+    return (
+        allowed(block, _BLOCK_OPTIONS)
+        and attention_allowed(block.self_attention)
+        and allowed(feedforward, _FEEDFORWARD_OPTIONS)
+        and plain(feedforward.intermediate_dense)
+        and plain(feedforward.output_dense)
+        and all(plain_norm(n) for n in norms)
+    )
+
+
+def embedding_allowed(embedding):
+    """A `TokenAndPositionEmbedding` of learned positions, tied logits."""
+    return (
+        allowed(embedding, _EMBEDDING_OPTIONS)
+        and plain(embedding.token_embedding)
+        and embedding.token_embedding.logit_soft_cap is None
+    )

@@ -1,0 +1,164 @@
+"""The decoding step in `keras.ops`, for loops a compiler traces once.
+
+Shape legend: `B` batch, `D` width, `H` query heads, `G` key/value heads,
+`R = H / G`, `K` head size, `n` keys attended, `L` cache length, `S`
+encoder length.
+
+Under XLA (TensorFlow's and JAX's decoding loops) a step's cost on a CPU is
+mostly the number of kernels it launches, not its arithmetic: at the sizes
+of benchmarks/seq2seq_speed.py (width 128) a token costs about 0.09 ms
+through the layers, against about 0.05 ms for the same arithmetic written
+out. A block's step here differs from the layers' in two ways:
+
+- self-attention's Q, K and V come from one matmul on kernels concatenated
+  once per call, before the loop;
+- attention runs without the guards the layers need for any cache a caller
+  may pass. The loop's own caches make them unnecessary: the self-attention
+  cache is zeros past the step's position (`kv_cache.empty`, written one
+  slot per step) and a query always sees its own slot, and the cross
+  caches' hidden positions are zeroed once when they are made
+  (`kv_cache.hide`), so no row is fully masked by the cache and no hidden
+  non-finite value exists to leak. A source that is all padding still gets
+  an output of exactly 0, as from the layers.
+
+Norms, feed-forward networks, embeddings and logits run through their
+layers, which compile to the same kernels.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import kv_cache
+from keras_attention.backend import allow_lists
+
+
+def block_step(block):
+    """`step(x, self_cache, index, cross_cache=None, cross_mask=None) -> (x,
+    self_cache)` for a block on the allow-lists, else None."""
+    if not allow_lists.block_allowed(block):
+        return None
+    return _BlockStep(block)
+
+
+def decoder_step(embedding, blocks, final_norm):
+    """`step(token_ids, caches, index) -> (logits, caches)` for a
+    decoder-only model, or None when a block is not on the allow-lists."""
+    steps = [block_step(block) for block in blocks]
+    if any(step is None for step in steps):
+        return None
+
+    def step(token_ids, caches, index):
+        x = embedding(token_ids, start_index=index)  # (B, 1, D)
+        updated = []
+        for block_step_, cache in zip(steps, caches):
+            x, cache = block_step_(x, cache, index)
+            updated.append(cache)
+        if final_norm is not None:
+            x = final_norm(x)
+        return embedding(x, reverse=True), tuple(updated)  # (B, 1, V)
+
+    return step
+
+
+def _attend(q, keys, values, mask, scale):
+    """One query per row: `q` `(B, 1, H, K)`, keys and values `(B, n, G, K)`,
+    `mask` optional bool `(B|1, n)` -> `(B, 1, H, K)`."""
+    heads, head_size = q.shape[2], q.shape[3]
+    groups = keys.shape[2]
+    batch = ops.shape(q)[0]
+    q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, groups, heads // groups, head_size))
+    scores = ops.einsum("bgrk,bngk->bgrn", q, keys)  # (B, G, R, n)
+    scores = ops.cast(scores, keras.backend.result_type(scores.dtype, "float32"))
+    if mask is not None:
+        scores = ops.where(mask[:, None, None, :], scores, float("-inf"))
+    probs = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
+    output = ops.einsum("bgrn,bngk->bgrk", probs, values)  # (B, G, R, K)
+    return ops.reshape(output, (batch, 1, heads, head_size))
+
+
+def _linear(x, dense, width):
+    """`x` `(B, 1, W)` through an attention projection's kernel, flattened to
+    `(W, width)`, in the layer's compute dtype (as the layer casts)."""
+    dtype = dense.compute_dtype
+    output = ops.matmul(ops.cast(x, dtype), ops.cast(ops.reshape(dense.kernel, (-1, width)), dtype))
+    if dense.bias is not None:
+        output = output + ops.cast(ops.reshape(dense.bias, (-1,)), dtype)
+    return output
+
+
+class _BlockStep:
+    """One decoder block's step; the fused Q/K/V kernel made when created."""
+
+    def __init__(self, block):
+        self.block = block
+        attention = block.self_attention
+        denses = (attention.query_dense, attention.key_dense, attention.value_dense)
+        width = attention.query_dense.kernel.shape[0]
+        dtype = attention.compute_dtype
+        self.qkv_kernel = ops.concatenate(
+            [ops.cast(ops.reshape(d.kernel, (width, -1)), dtype) for d in denses], axis=1
+        )  # (D, H K + 2 G K)
+        self.qkv_bias = None
+        if attention.query_dense.bias is not None:
+            self.qkv_bias = ops.concatenate(
+                [ops.cast(ops.reshape(d.bias, (-1,)), dtype) for d in denses]
+            )
+        self.heads = attention.num_heads
+        self.kv_heads = attention.num_key_value_heads or attention.num_heads
+        self.head_size = attention.key_dim
+        self.scale = attention.score.dot_product_scale(attention.key_dim)
+        self.output_width = attention.output_dense.kernel.shape[-1]
+        cross = block.cross_attention
+        if cross is not None:
+            self.cross_scale = cross.score.dot_product_scale(cross.key_dim)
+
+    def _sublayer(self, x, norm, fn):
+        if self.block.normalize_first:
+            return x + fn(norm(x))
+        return norm(x + fn(x))
+
+    def __call__(self, x, self_cache, index, cross_cache=None, cross_mask=None):
+        block = self.block
+        attention = block.self_attention
+
+        def self_attend(h):
+            h = ops.cast(h, self.qkv_kernel.dtype)
+            qkv = ops.matmul(h, self.qkv_kernel)  # (B, 1, H K + 2 G K)
+            if self.qkv_bias is not None:
+                qkv = qkv + self.qkv_bias
+            query_width = self.heads * self.head_size
+            kv_width = self.kv_heads * self.head_size
+            q, k, v = ops.split(qkv, [query_width, query_width + kv_width], axis=-1)
+            batch = ops.shape(h)[0]
+            kv_shape = (batch, 1, self.kv_heads, self.head_size)
+            nonlocal self_cache
+            self_cache = kv_cache.write(
+                self_cache, ops.reshape(k, kv_shape), ops.reshape(v, kv_shape), index
+            )
+            keys, values = kv_cache.read(self_cache)  # (B, L, G, K)
+            seen = ops.arange(kv_cache.length(self_cache)) <= index  # (L,)
+            q = ops.reshape(q, (batch, 1, self.heads, self.head_size))
+            attended = _attend(q, keys, values, seen[None], self.scale)
+            attended = ops.reshape(attended, (batch, 1, -1))  # (B, 1, H K)
+            return _linear(attended, attention.output_dense, self.output_width)
+
+        x = self._sublayer(x, block.self_attention_layer_norm, self_attend)
+        if block.cross_attention is not None:
+            cross = block.cross_attention
+
+            def cross_attend(h):
+                batch = ops.shape(h)[0]
+                q = _linear(h, cross.query_dense, cross.num_heads * cross.key_dim)
+                q = ops.reshape(q, (batch, 1, cross.num_heads, cross.key_dim))
+                keys, values = kv_cache.read(cross_cache)  # (B, S, G, K)
+                mask = None if cross_mask is None else ops.cast(cross_mask, "bool")
+                attended = _attend(q, keys, values, mask, self.cross_scale)
+                if mask is not None:  # a source that is all padding: 0
+                    has_key = ops.any(mask, axis=-1)[:, None, None, None]  # (B, 1, 1, 1)
+                    attended = ops.where(has_key, attended, ops.zeros_like(attended))
+                attended = ops.reshape(attended, (batch, 1, -1))  # (B, 1, H K)
+                return _linear(attended, cross.output_dense, self.output_width)
+
+            x = self._sublayer(x, block.cross_attention_layer_norm, cross_attend)
+        x = self._sublayer(x, block.feedforward_layer_norm, block.feedforward)
+        return x, self_cache
