@@ -252,6 +252,16 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`cache_update_index` needs a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
             )
+        known_index = None
+        if cache is not None:
+            # Before the rotary embedding reads the index as its start.
+            kv_cache.check(
+                cache, self._kv_heads, self.key_dim, batch=query.shape[0]
+            )
+            known_index = kv_cache.check_update(
+                cache, cache_update_index, query.shape[1], value.shape[1],
+                self._value_dim,
+            )
         reads_cache = cache is not None and cache_update_index is None
         q, k, v = self._project_heads(query, value, key, reads_cache)  # (B, T|S, H|G, K)
         if self.rotary_embedding is not None:
@@ -261,10 +271,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 k = self.rotary_embedding(k, start_index=start)  # (B, S, G, K)
         written = None  # (T, L): the cache slots each new query may see
         if cache is not None:
-            kv_cache.check(cache, self._kv_heads, self.key_dim)
             cache, k, v, written = kv_cache.update(
-                cache, k, v, cache_update_index, query.shape[1], value.shape[1],
-                self._value_dim,
+                cache, k, v, cache_update_index, known_index
             )  # k, v: (B, L, G, K)
         mask = masking.compute_attention_mask(
             query,
@@ -273,6 +281,7 @@ class MultiHeadAttention(keras.layers.Layer):
             value_mask=value_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
+            num_heads=self.num_heads,
         )
         output, scores = kernels.attention(
             q, k, v, self.score,
