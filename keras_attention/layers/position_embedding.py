@@ -143,7 +143,7 @@ def check_length(length, start_index, sequence_length):
         return
     start = 0 if start_index is None else int(start_index)
     if start + length > sequence_length:
-        where = f"start_index={start_index} + " if start else ""
+        where = f"`start_index` + length: start_index={start_index} + " if start else ""
         raise ValueError(
             f"The sequence is longer than the position table: {where}"
             f"length={length} > sequence_length={sequence_length}. Pass "

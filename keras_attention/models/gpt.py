@@ -206,7 +206,16 @@ class GPT(keras.Model):
 
         Returns:
             `(logits, cache)`: logits `(B, T, V)` and the updated cache.
+
+        Raises:
+            ValueError: for a cache of another shape than `empty_cache`'s, or
+                an index that is not an integer or (where its value is known)
+                out of the cache's range.
         """
+        kv_cache.check_stacked(cache, self.num_layers, "cache")
+        kv_cache.check_index(
+            cache_update_index, token_ids.shape[1], kv_cache.stacked_length(cache)
+        )
         x = self.embedding(token_ids, start_index=cache_update_index)  # (B, T, D)
         x, cache = self.decoder(
             x,
