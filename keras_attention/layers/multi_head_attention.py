@@ -99,14 +99,21 @@ class MultiHeadAttention(keras.layers.Layer):
         value_mask: optional `(B, S)` padding mask (`(B, L)` with a cache).
         key_mask: optional `(B, S)` padding mask, combined with `value_mask`.
         attention_mask: optional `(B, T, S)`, `(T, S)` or `(B, H, T, S)` mask
-            (`S = L` with a cache).
+            (`S = L` with a cache); batch and head axes may be 1. Every axis
+            is checked against the inputs, as is the cache's batch axis.
         return_attention_scores: bool, also return the weights
             `(B, H, T, S)`.
         training: bool, whether dropout is active.
         use_causal_mask: bool, query `t` sees keys `0 .. S - T + t`.
         cache: optional `(B, 2, L, G, K)` key/value cache.
-        cache_update_index: optional int or scalar int tensor, where the new
-            keys and values are written; `None` reads the cache as it is.
+        cache_update_index: optional int, numpy integer or scalar integer
+            tensor, where the new keys and values are written; `None` reads
+            the cache as it is. Whenever its value is known (eagerly) it must
+            satisfy `0 <= i` and `i + T <= L`, else a `ValueError`; a float or
+            bool is a `ValueError` too. Inside a traced function (`jax.jit`,
+            `tf.function`) its value is unknown: it is clipped to
+            `[0, L - T]`, so nothing is written outside the cache, and the
+            caller's loop keeps it in range.
 
     Returns:
         `output` `(B, T, O)`, or a tuple of `output`, the scores (when
