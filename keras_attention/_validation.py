@@ -6,6 +6,8 @@ argument and the value received, so errors read the same on every backend.
 
 import numbers
 
+import numpy as np
+
 
 def check_positive_int(name, value, allow_none=False):
     """Returns `value` if it is a positive Python int, else raises."""
@@ -39,11 +41,75 @@ def check_seed(name, value):
     """Returns `value` if it is `None` or a non-negative int, else raises."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(
-            f"`{name}` must be None or an integer. Received: {name}={value!r}"
+            f"`{name}` must be None or an integer >= 0. Received: {name}={value!r}"
         )
     return int(value)
+
+
+def concrete_value(value):
+    """The numpy value of `value` if it is known now, else None.
+
+    Python and numpy numbers and eager tensors are known; a tensor being
+    traced (inside `tf.function`, `jax.jit`, `torch.compile`) or a symbolic
+    `keras.KerasTensor` is not.
+    """
+    import keras
+
+    if isinstance(value, (numbers.Number, np.ndarray, np.generic)):
+        return np.asarray(value)
+    if keras.backend.is_keras_tensor(value):
+        return None
+    try:
+        return np.asarray(keras.ops.convert_to_numpy(value))
+    except (TypeError, ValueError, NotImplementedError, RuntimeError, AttributeError):
+        # What each backend raises when asked for a traced value.
+        return None
+
+
+def check_integer(name, value, minimum=None):
+    """Checks an integer-like scalar; returns its int value, or None if unknown.
+
+    Accepted: a Python int, a numpy integer (or 0-d integer array) and a
+    scalar integer tensor. Refused with a `ValueError`: `bool`, floats (even
+    `2.0`, which backends would truncate differently), strings, `None`, float
+    or boolean tensors and tensors of another rank. The value is compared with
+    `minimum` whenever it is known (`concrete_value`); a traced tensor is
+    checked by dtype and rank only, and a symbolic dimension (a JAX
+    shape-polymorphic length while Keras infers shapes) passes.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        known = int(value)
+    elif hasattr(value, "dtype") and hasattr(value, "shape"):
+        known = _tensor_integer(name, value)
+    elif value is None or isinstance(value, (numbers.Number, str, bytes, np.generic)):
+        raise ValueError(f"`{name}` must be an integer. Received: {name}={value!r}")
+    else:
+        return None  # a symbolic dimension
+    if known is not None and minimum is not None and known < minimum:
+        what = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
+        raise ValueError(f"`{name}` must be {what}. Received: {name}={known}")
+    return known
+
+
+def _tensor_integer(name, value):
+    """The int value of a scalar integer tensor or array, None if traced."""
+    import keras
+
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    array = concrete_value(value)
+    if array is not None and array.size == 1:
+        received = f"{name}={array.item()!r} (dtype {dtype})"
+    else:
+        received = f"{name} with dtype {dtype} and shape {tuple(value.shape)}"
+    if "int" not in dtype:
+        raise ValueError(f"`{name}` must be an integer. Received: {received}")
+    if len(value.shape) != 0:
+        raise ValueError(f"`{name}` must be a scalar integer. Received: {received}")
+    return None if array is None else int(array)
 
 
 def check_rank(name, shape, rank):
@@ -119,6 +185,41 @@ def check_divisible(name, value, divisor_name, divisor):
             f"`{name}` must be divisible by `{divisor_name}`. Received: "
             f"{name}={value}, {divisor_name}={divisor}"
         )
+
+
+def check_token_id(name, value, vocabulary_size):
+    """Returns an integer-like `value` in `[0, vocabulary_size)` as an int."""
+    if check_integer(name, value) is None or not 0 <= int(value) < vocabulary_size:
+        raise ValueError(
+            f"`{name}` must be an id in [0, {vocabulary_size}). "
+            f"Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def check_token_id_list(name, values, vocabulary_size):
+    """`None` (as `None`), one id or a sequence of ids (as a tuple of ints)."""
+    if values is None:
+        return None
+    if isinstance(values, (list, tuple, np.ndarray)) and np.ndim(values) == 1:
+        return tuple(check_token_id(name, v, vocabulary_size) for v in values)
+    if np.ndim(values) == 0:
+        return (check_token_id(name, values, vocabulary_size),)
+    raise ValueError(
+        f"`{name}` must be None, an id or a list of ids. Received: {name}={values!r}"
+    )
+
+
+def known_token_ids(name, ids):
+    """The numpy value of token ids known now (None if symbolic or traced),
+    refused with a `TypeError` if they are not integers."""
+    array = concrete_value(ids) if not isinstance(ids, (list, tuple)) else np.asarray(ids)
+    if array is not None and array.size and array.dtype.kind not in "iu":
+        raise TypeError(
+            f"`{name}` must hold integer token ids. Received: {name} with dtype "
+            f"{array.dtype}"
+        )
+    return array
 
 
 def check_token_ids(name, ids, vocabulary_size, max_length, length_name):

@@ -9,10 +9,9 @@ theirs on an axis after the batch, `(B, N, 2, L, G, K)`. Writes use
 `ops.slice_update`, so they work inside `ops.while_loop` and under jit.
 """
 
-import numbers
-
 from keras import ops
 
+from keras_attention import _validation
 from keras_attention import masking
 
 KEYS = 0
@@ -81,16 +80,20 @@ def stack(caches):
     return ops.stack(caches, axis=1)
 
 
-def check(cache, num_heads, head_dim, name="cache"):
-    """Raises unless `cache` has the shape `(batch, 2, max_length, G, K)`."""
-    expected = (2, None, num_heads, head_dim)
+def check(cache, num_heads, head_dim, name="cache", batch=None):
+    """Raises unless `cache` has the shape `(batch, 2, max_length, G, K)`.
+
+    `batch`, if given (the query's batch size), must be the cache's (where
+    both are static)."""
+    expected = (batch, 2, None, num_heads, head_dim)
     got = tuple(cache.shape)
     if len(got) != 5 or any(
-        e is not None and d is not None and d != e for d, e in zip(got[1:], expected)
+        e is not None and d is not None and d != e for d, e in zip(got, expected)
     ):
+        query = "" if batch is None else f" for a query of batch size {batch}"
         raise ValueError(
             f"`{name}` must have shape (batch, 2, max_length, {num_heads}, "
-            f"{head_dim}). Received: {name} with shape {got}"
+            f"{head_dim}). Received: {name} with shape {got}{query}"
         )
 
 
@@ -105,19 +108,27 @@ def check_stacked(cache, num_layers, name):
 
 
 def check_index(index, new_length, max_length, name="cache_update_index"):
-    """Raises if writing `new_length` slots at a Python int `index` overflows.
+    """Checks where `new_length` positions are written into `max_length` slots.
 
-    A tensor index is checked where it is known (the caller's loop)."""
-    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
-        if index < 0 or (
-            max_length is not None
-            and new_length is not None
-            and index + new_length > max_length
-        ):
-            raise ValueError(
-                f"`{name}` out of range: writing {new_length} positions at "
-                f"{name}={index} into a cache of max_length={max_length}"
-            )
+    `index` is a Python int, a numpy integer or a scalar integer tensor
+    (anything else is a `ValueError` naming `name`); whenever its value is
+    known (eagerly) it must satisfy `0 <= index` and `index + new_length <=
+    max_length`, else a `ValueError`: an index is never clamped silently.
+
+    Returns:
+        The index's int value, or None when it is not known (a tensor traced
+        by `tf.function`, `jax.jit` or `torch.compile`; see `update`).
+    """
+    known = _validation.check_integer(name, index)
+    if known is not None and (
+        known < 0
+        or (max_length is not None and new_length is not None and known + new_length > max_length)
+    ):
+        raise ValueError(
+            f"`{name}` out of range: writing {new_length} positions at "
+            f"{name}={known} into a cache of max_length={max_length}"
+        )
+    return known
 
 
 def check_head_sizes(key_dim, value_dim):
@@ -129,25 +140,36 @@ def check_head_sizes(key_dim, value_dim):
         )
 
 
-def update(cache, keys, values, index, query_length, value_length, value_dim):
-    """An attention call's cache: checked, written at `index`, and read.
+def update(cache, keys, values, index, known_index=None):
+    """An attention call's cache, checked by `check_update`: written at
+    `index` and read.
 
     Args:
         cache: `(B, 2, L, G, K)`, its shape checked (`check`).
         keys, values: the new positions `(B, T, G, K)` (None when `index`
             is None: the cache is read as it is).
         index: where to write, or None.
-        query_length, value_length: the call's static lengths (or None).
-        value_dim: the layer's value head size (must be the key head size).
+        known_index: the index's value as `check_update` returned it, or
+            None where it is not known.
 
     Returns:
         `(cache, keys, values, written)`: the updated cache, all its keys and
         values `(B, L, G, K)`, and the `(T, L)` mask of the slots query `t`
         may see (`0 .. index + t`), or None when reading only.
+
+    An index whose value is known has been range-checked (`check_index`).
+    One that is not (traced) cannot be: it is clipped to `[0, L - T]` before
+    the write and the mask, so a call never writes outside the cache, and an
+    out-of-range traced index writes (and attends to) the nearest slots in
+    range, the same on every backend. Keeping a traced index in range is the
+    caller's loop's job (`keras_attention.models.generation` checks the
+    prompt and length before it starts).
     """
-    check_update(cache, index, query_length, value_length, value_dim)
     if index is None:
         return (cache,) + read(cache) + (None,)
+    new_length = keys.shape[1]
+    if known_index is None and new_length is not None and cache.shape[2] is not None:
+        index = ops.clip(ops.cast(index, "int32"), 0, cache.shape[2] - new_length)
     cache = write(cache, keys, values, index)
     written = masking.causal_mask(
         ops.shape(keys)[1], length(cache), query_start=index
@@ -160,11 +182,12 @@ def check_update(cache, index, query_length, value_length, value_dim):
     (`index` None: read only).
 
     Raises a `ValueError` for value heads of another size than key heads, an
-    index out of range, or new keys and values whose length is not the
-    queries' (a cache update writes the queries' own positions).
+    index that is not an integer or is out of range, or new keys and values
+    whose length is not the queries' (a cache update writes the queries' own
+    positions). Returns the index's value where it is known, else None.
     """
     check_head_sizes(cache.shape[4], value_dim)
-    check_index(index, query_length, cache.shape[2])
+    known = None if index is None else check_index(index, query_length, cache.shape[2])
     if (
         index is not None
         and None not in (value_length, query_length)
@@ -177,3 +200,4 @@ def check_update(cache, index, query_length, value_length, value_dim):
             f"Received: query length={query_length}, value length="
             f"{value_length}, cache_update_index={index!r}"
         )
+    return known

@@ -20,37 +20,11 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attention import _validation
 
 
 def _is_static_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_integer(name, value, positive):
-    """Raises unless `value` is an int or an integer tensor (`> 0` if `positive`).
-
-    Python and numpy scalars are checked by value; tensors (whose value may be
-    unknown while tracing) by dtype only; symbolic dimensions (a JAX
-    shape-polymorphic length while Keras infers output shapes) pass. A float
-    such as `np.float32(2.5)` is refused rather than truncated, which backends
-    do differently.
-    """
-    if isinstance(value, numbers.Number) or value is None or isinstance(value, str):
-        if not _is_static_int(value):
-            raise ValueError(
-                f"`{name}` must be an integer. Received: {name}={value!r}"
-            )
-        if positive and value <= 0:
-            raise ValueError(
-                f"`{name}` must be a positive integer. Received: {name}={value}"
-            )
-    elif hasattr(value, "dtype"):
-        dtype = keras.backend.standardize_dtype(value.dtype)
-        if "int" not in dtype:
-            raise ValueError(
-                f"`{name}` must be an integer. Received: {name} with dtype "
-                f"{dtype}"
-            )
 
 
 def causal_mask(query_length, key_length=None, query_start=None):
@@ -87,12 +61,14 @@ def causal_mask(query_length, key_length=None, query_start=None):
     """
     if key_length is None:
         key_length = query_length
-    _check_integer("query_length", query_length, positive=True)
-    _check_integer("key_length", key_length, positive=True)
+    # Python ints, numpy integers and integer tensors (range-checked when
+    # their value is known); floats are refused rather than truncated.
+    _validation.check_integer("query_length", query_length, minimum=1)
+    _validation.check_integer("key_length", key_length, minimum=1)
     if query_start is None:
         query_start = key_length - query_length
     else:
-        _check_integer("query_start", query_start, positive=False)
+        _validation.check_integer("query_start", query_start)
     query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
         query_start, "int32"
     )  # (T,)
@@ -209,7 +185,7 @@ def _check_dim(name, shape, axis, expected, what, broadcast=False):
     dim = shape[axis]
     if dim is None or int(dim) == int(expected) or (broadcast and int(dim) == 1):
         return
-    allowed = f"{expected} (or 1)" if broadcast else f"{expected}"
+    allowed = f"{expected} (or 1)" if broadcast and int(expected) != 1 else f"{expected}"
     raise ValueError(
         f"`{name}` must have {what} {allowed} on axis {axis}. Received: "
         f"{name} with shape {tuple(shape)}"
@@ -237,6 +213,7 @@ def compute_attention_mask(
     key_mask=None,
     attention_mask=None,
     use_causal_mask=False,
+    num_heads=None,
 ):
     """Turns padding masks, an attention mask and causality into one mask.
 
@@ -255,6 +232,11 @@ def compute_attention_mask(
             `(B, H, T, S)`.
         use_causal_mask: bool, adds `causal_mask(T, S)` (bottom-right
             aligned).
+        num_heads: optional int, the heads `H` a rank-4 `attention_mask`'s
+            axis 1 must match (or be 1); `None` leaves that axis unchecked.
+
+    Every axis of every mask is checked against the inputs where both are
+    static: batch (or 1 for attention masks), lengths, heads.
 
     Returns:
         `None` when nothing is masked, else a boolean mask that broadcasts to
@@ -287,6 +269,8 @@ def compute_attention_mask(
         _check_dim("attention_mask", shape, -1, key_length, "key length", True)
         if len(shape) > 2:
             _check_dim("attention_mask", shape, 0, batch, "batch size", True)
+        if len(shape) == 4:
+            _check_dim("attention_mask", shape, 1, num_heads, "heads", True)
         masks.append(attention_mask)
     if use_causal_mask:
         t = query_length if query_length is not None else ops.shape(query)[1]

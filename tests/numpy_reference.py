@@ -60,3 +60,48 @@ def causal_mask(query_length, key_length):
     return np.tril(
         np.ones((query_length, key_length), bool), k=key_length - query_length
     )
+
+
+def project(dense, x):
+    """An `EinsumDense` head projection `(B, S, D) -> (B, S, heads, size)`."""
+    kernel = harness.to_numpy(dense.kernel).astype("float64")  # (D, heads, size)
+    y = np.einsum("bsd,dhk->bshk", np.asarray(x, "float64"), kernel)
+    if dense.bias is not None:
+        y = y + harness.to_numpy(dense.bias)  # (heads, size)
+    return y  # (B, S, heads, size)
+
+
+def projected_heads(layer, query, value, key=None):
+    """`(q, k, v)` heads `(B, H, T|S, K|V)`; kv head `h // (H / G)` serves head `h`."""
+    key = value if key is None else key
+    q = project(layer.query_dense, query)  # (B, T, H, K)
+    k = project(layer.key_dense, key)  # (B, S, G, K)
+    v = project(layer.value_dense, value)  # (B, S, G, V)
+    serving = np.arange(layer.num_heads) // (layer.num_heads // k.shape[2])  # (H,)
+    k, v = k[:, :, serving], v[:, :, serving]  # (B, S, H, K|V)
+    return tuple(np.transpose(x, (0, 2, 1, 3)) for x in (q, k, v))
+
+
+def output_projection(layer, heads):
+    """The output projection of heads `(B, H, T, V)`: `(B, T, O)`."""
+    kernel = harness.to_numpy(layer.output_dense.kernel).astype("float64")
+    output = np.einsum("bhtv,hvo->bto", heads, kernel)  # (B, T, O)
+    if layer.output_dense.bias is not None:
+        output = output + harness.to_numpy(layer.output_dense.bias)
+    return output
+
+
+def head_mask(mask):
+    """A `(T, S)`, `(B, T, S)` or `(B, H, T, S)` mask, broadcastable over heads."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask, bool)
+    return mask[:, None] if mask.ndim == 3 else mask
+
+
+def multi_head_attention(layer, query, value, key=None, mask=None):
+    """`(output, weights)` of a `MultiHeadAttention` from its own weights, in
+    float64: `(B, T, O)`, `(B, H, T, S)`."""
+    q, k, v = projected_heads(layer, query, value, key)
+    heads, weights = attention(layer.score, q, k, v, head_mask(mask))
+    return output_projection(layer, heads), weights

@@ -99,14 +99,21 @@ class MultiHeadAttention(keras.layers.Layer):
         value_mask: optional `(B, S)` padding mask (`(B, L)` with a cache).
         key_mask: optional `(B, S)` padding mask, combined with `value_mask`.
         attention_mask: optional `(B, T, S)`, `(T, S)` or `(B, H, T, S)` mask
-            (`S = L` with a cache).
+            (`S = L` with a cache); batch and head axes may be 1. Every axis
+            is checked against the inputs, as is the cache's batch axis.
         return_attention_scores: bool, also return the weights
             `(B, H, T, S)`.
         training: bool, whether dropout is active.
         use_causal_mask: bool, query `t` sees keys `0 .. S - T + t`.
         cache: optional `(B, 2, L, G, K)` key/value cache.
-        cache_update_index: optional int or scalar int tensor, where the new
-            keys and values are written; `None` reads the cache as it is.
+        cache_update_index: optional int, numpy integer or scalar integer
+            tensor, where the new keys and values are written; `None` reads
+            the cache as it is. Whenever its value is known (eagerly) it must
+            satisfy `0 <= i` and `i + T <= L`, else a `ValueError`; a float or
+            bool is a `ValueError` too. Inside a traced function (`jax.jit`,
+            `tf.function`) its value is unknown: it is clipped to
+            `[0, L - T]`, so nothing is written outside the cache, and the
+            caller's loop keeps it in range.
 
     Returns:
         `output` `(B, T, O)`, or a tuple of `output`, the scores (when
@@ -252,6 +259,16 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`cache_update_index` needs a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
             )
+        known_index = None
+        if cache is not None:
+            # Before the rotary embedding reads the index as its start.
+            kv_cache.check(
+                cache, self._kv_heads, self.key_dim, batch=query.shape[0]
+            )
+            known_index = kv_cache.check_update(
+                cache, cache_update_index, query.shape[1], value.shape[1],
+                self._value_dim,
+            )
         reads_cache = cache is not None and cache_update_index is None
         q, k, v = self._project_heads(query, value, key, reads_cache)  # (B, T|S, H|G, K)
         if self.rotary_embedding is not None:
@@ -261,10 +278,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 k = self.rotary_embedding(k, start_index=start)  # (B, S, G, K)
         written = None  # (T, L): the cache slots each new query may see
         if cache is not None:
-            kv_cache.check(cache, self._kv_heads, self.key_dim)
             cache, k, v, written = kv_cache.update(
-                cache, k, v, cache_update_index, query.shape[1], value.shape[1],
-                self._value_dim,
+                cache, k, v, cache_update_index, known_index
             )  # k, v: (B, L, G, K)
         mask = masking.compute_attention_mask(
             query,
@@ -273,6 +288,7 @@ class MultiHeadAttention(keras.layers.Layer):
             value_mask=value_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
+            num_heads=self.num_heads,
         )
         output, scores = kernels.attention(
             q, k, v, self.score,

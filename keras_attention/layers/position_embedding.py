@@ -130,18 +130,20 @@ class PositionEmbedding(keras.layers.Layer):
                 "The last dimension of `inputs` must be known. Received: "
                 f"inputs with shape {tuple(inputs_shape)}"
             )
-        check_start_index_and_positions(inputs_shape, start_index, positions)
+        start = check_start_index_and_positions(inputs_shape, start_index, positions)
         if positions is None:
-            check_length(inputs_shape[1], start_index, self.sequence_length)
+            check_length(inputs_shape[1], start, self.sequence_length)
 
 
 def check_length(length, start_index, sequence_length):
-    """Raises if a static `start_index + length` exceeds `sequence_length`."""
+    """Raises if `start_index + length` exceeds `sequence_length`, where both
+    are known (`start_index` a checked int, or None when traced: then the
+    slice of the table is clamped by the backend, inside the table)."""
     if length is None:
         return
-    start = int(start_index) if isinstance(start_index, numbers.Integral) else 0
+    start = 0 if start_index is None else int(start_index)
     if start + length > sequence_length:
-        where = f"start_index={start_index} + " if start else ""
+        where = f"`start_index` + length: start_index={start_index} + " if start else ""
         raise ValueError(
             f"The sequence is longer than the position table: {where}"
             f"length={length} > sequence_length={sequence_length}. Pass "

@@ -118,17 +118,15 @@ def standardize_positions(inputs, start_index, positions):
 
 
 def check_start_index_and_positions(inputs_shape, start_index, positions):
-    """Checks a Python `start_index` and the rank and length of `positions`."""
-    if isinstance(start_index, numbers.Number) and not isinstance(
-        start_index, bool
-    ):
-        if not isinstance(start_index, numbers.Integral) or start_index < 0:
-            raise ValueError(
-                "`start_index` must be a non-negative integer. Received: "
-                f"start_index={start_index!r}"
-            )
+    """Checks `start_index` and the rank and length of `positions`.
+
+    `start_index` is a Python int, a numpy integer or a scalar integer
+    tensor, at least 0 whenever its value is known (eagerly); returns that
+    value, or None when it is not known (traced).
+    """
+    start = _validation.check_integer("start_index", start_index, minimum=0)
     if positions is None:
-        return
+        return start
     shape = tuple(positions.shape)
     if len(shape) not in (1, 2):
         raise ValueError(
@@ -142,6 +140,7 @@ def check_start_index_and_positions(inputs_shape, start_index, positions):
         _validation.check_same_dim(
             "positions", shape[0], "inputs", inputs_shape[0], "batch size"
         )
+    return start
 
 
 def check_positive_number(name, value):

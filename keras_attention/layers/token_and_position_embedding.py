@@ -227,7 +227,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
 def _check_ids(shape, start_index, sequence_length):
     _validation.check_rank("inputs", shape, 2)
-    check_length(shape[1], start_index, sequence_length)
+    start = _validation.check_integer("start_index", start_index, minimum=0)
+    check_length(shape[1], start, sequence_length)
 
 
 def _check_hidden(shape, embedding_dim):

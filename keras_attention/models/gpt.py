@@ -13,6 +13,7 @@ from keras_attention import _validation
 from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import kv_cache
+from keras_attention import masking
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
@@ -181,8 +182,11 @@ class GPT(keras.Model):
         self.built = True
 
     def __call__(self, token_ids, *args, **kwargs):
-        if isinstance(token_ids, (np.ndarray, list, tuple)):
-            self._check_ids("token_ids", np.asarray(token_ids))
+        # Checked where their values are known (numpy, eager tensors); inside
+        # a compiled train step they are not, and an embedding lookup clamps.
+        ids = _validation.known_token_ids("token_ids", token_ids)
+        if ids is not None:
+            self._check_ids("token_ids", ids)
         return super().__call__(token_ids, *args, **kwargs)
 
     def call(self, token_ids, padding_mask=None, training=None):
@@ -202,7 +206,16 @@ class GPT(keras.Model):
 
         Returns:
             `(logits, cache)`: logits `(B, T, V)` and the updated cache.
+
+        Raises:
+            ValueError: for a cache of another shape than `empty_cache`'s, or
+                an index that is not an integer or (where its value is known)
+                out of the cache's range.
         """
+        kv_cache.check_stacked(cache, self.num_layers, "cache")
+        kv_cache.check_index(
+            cache_update_index, token_ids.shape[1], kv_cache.stacked_length(cache)
+        )
         x = self.embedding(token_ids, start_index=cache_update_index)  # (B, T, D)
         x, cache = self.decoder(
             x,
@@ -283,7 +296,18 @@ class GPT(keras.Model):
                 "`prompt_ids` must have shape (batch, length) with length >= 1. "
                 f"Received: prompt_ids with shape {prompt.shape}"
             )
-        self._check_ids("prompt_ids", prompt)
+        self._check_ids("prompt_ids", _validation.known_token_ids("prompt_ids", prompt))
+        max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
+        stop_token_ids = _validation.check_token_id_list(
+            "stop_token_ids", stop_token_ids, self.vocabulary_size
+        )
+        pad_token_id = _validation.check_token_id(
+            "pad_token_id", pad_token_id, self.vocabulary_size
+        )
+        if prompt_padding_mask is not None:
+            prompt_padding_mask = masking.standardize_mask(
+                prompt_padding_mask, "prompt_padding_mask", ranks=(2,)
+            )
         if not self.built:
             self.build((None, None))
         if self._generator is None:

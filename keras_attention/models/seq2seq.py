@@ -15,6 +15,7 @@ from keras_attention import _validation
 from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import kv_cache
+from keras_attention import masking
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_decoder import TransformerDecoder
@@ -313,12 +314,11 @@ class Seq2SeqTransformer(keras.Model):
                     raise ValueError(
                         f"`inputs` must hold {name!r}. Received: keys {sorted(inputs)}"
                     )
-                ids = inputs[name]
-                if isinstance(ids, (np.ndarray, list, tuple)):
+                # Checked where their values are known (numpy, eager tensors).
+                ids = _validation.known_token_ids(name, inputs[name])
+                if ids is not None:
                     length_name = "max_source_length" if name[0] == "e" else "max_target_length"
-                    _validation.check_token_ids(
-                        name, np.asarray(ids), vocabulary, length, length_name
-                    )
+                    _validation.check_token_ids(name, ids, vocabulary, length, length_name)
         return super().__call__(inputs, *args, **kwargs)
 
     # Cached decoding.
@@ -460,9 +460,14 @@ class Seq2SeqTransformer(keras.Model):
                 f"length >= 1. Received: encoder_token_ids with shape {source.shape}"
             )
         _validation.check_token_ids(
-            "encoder_token_ids", source, self.source_vocabulary_size,
-            self.max_source_length, "max_source_length",
+            "encoder_token_ids", _validation.known_token_ids("encoder_token_ids", source),
+            self.source_vocabulary_size, self.max_source_length, "max_source_length",
         )
+        max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
+        if encoder_padding_mask is not None:
+            encoder_padding_mask = masking.standardize_mask(
+                encoder_padding_mask, "encoder_padding_mask", ranks=(2,)
+            )
         if sampling not in SAMPLING:
             raise ValueError(f"`sampling` must be one of {SAMPLING}. Received: sampling={sampling!r}")
         num_beams = _validation.check_positive_int("num_beams", num_beams)

@@ -91,46 +91,11 @@ def _twin(layer, query, value, key=None, **kwargs):
 # The numpy reference, from the layer's own weights.
 
 
-def _project(dense, x):
-    kernel = harness.to_numpy(dense.kernel).astype("float64")  # (D, heads, size)
-    y = np.einsum("bsd,dhk->bshk", np.asarray(x, "float64"), kernel)
-    if dense.bias is not None:
-        y = y + harness.to_numpy(dense.bias)  # (heads, size)
-    return y  # (B, S, heads, size)
-
-
-def _projected_heads(layer, query, value, key=None):
-    """`(q, k, v)` heads `(B, H, T|S, K|V)`; kv head `h // (H / G)` serves head `h`."""
-    key = value if key is None else key
-    q = _project(layer.query_dense, query)  # (B, T, H, K)
-    k = _project(layer.key_dense, key)  # (B, S, G, K)
-    v = _project(layer.value_dense, value)  # (B, S, G, V)
-    serving = np.arange(layer.num_heads) // (layer.num_heads // k.shape[2])  # (H,)
-    k, v = k[:, :, serving], v[:, :, serving]  # (B, S, H, K|V)
-    return tuple(np.transpose(x, (0, 2, 1, 3)) for x in (q, k, v))
-
-
-def _output_projection(layer, heads):
-    kernel = harness.to_numpy(layer.output_dense.kernel).astype("float64")
-    output = np.einsum("bhtv,hvo->bto", heads, kernel)  # (B, T, O)
-    if layer.output_dense.bias is not None:
-        output = output + harness.to_numpy(layer.output_dense.bias)
-    return output
-
-
-def _head_mask(mask):
-    """A `(T, S)`, `(B, T, S)` or `(B, H, T, S)` mask, broadcastable over heads."""
-    if mask is None:
-        return None
-    mask = np.asarray(mask, bool)
-    return mask[:, None] if mask.ndim == 3 else mask
-
-
-def numpy_mha(layer, query, value, key=None, mask=None):
-    """`(output, weights)` of the layer computed in numpy, in float64."""
-    q, k, v = _projected_heads(layer, query, value, key)
-    heads, weights = ref.attention(layer.score, q, k, v, _head_mask(mask))
-    return _output_projection(layer, heads), weights  # (B, T, O), (B, H, T, S)
+_project = ref.project
+_projected_heads = ref.projected_heads
+_output_projection = ref.output_projection
+_head_mask = ref.head_mask
+numpy_mha = ref.multi_head_attention
 
 
 def _masks(s=S, seed=3):

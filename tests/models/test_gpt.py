@@ -633,8 +633,11 @@ def test_rejects_out_of_vocabulary_ids(model, bad):
         (dict(sampling="top_p", top_p=0.0), r"`top_p`.*top_p=0.0"),
         (dict(sampling="top_p", top_p=1.5), r"`top_p`.*top_p=1.5"),
         (dict(max_new_tokens=0), r"`max_new_tokens`.*max_new_tokens=0"),
-        (dict(stop_token_ids=[V]), rf"`stop_token_ids`.*Received: {V}"),
-        (dict(pad_token_id=-1), r"`pad_token_id`.*Received: -1"),
+        (dict(stop_token_ids=[V]), rf"`stop_token_ids`.*Received: stop_token_ids={V}"),
+        (dict(stop_token_ids=[1.5]), r"`stop_token_ids`.*Received: stop_token_ids=1.5"),
+        (dict(pad_token_id=-1), r"`pad_token_id`.*Received: pad_token_id=-1"),
+        (dict(pad_token_id=True), r"`pad_token_id`.*Received: pad_token_id=True"),
+        (dict(max_new_tokens=2.0), r"`max_new_tokens`.*max_new_tokens=2.0"),
     ],
 )
 def test_rejects_bad_generation_arguments(model, kwargs, message):
