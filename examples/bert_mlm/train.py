@@ -361,9 +361,9 @@ def fill_mask(model, vocabulary, sentence, top_k=5):
     print(f"fill-mask: {sentence}")
     for position, top, probabilities in model.fill_mask(np.array([ids]), data.MASK_ID, top_k)[0]:
         tokens = [vocabulary.tokens[i] for i in top]
-        print(f"  [MASK] at {position}: " + ", ".join(
-            f"{t} {p:.3f}" for t, p in zip(tokens, probabilities)
-        ))
+        print(f"  [MASK] at position {position}:")
+        for rank, (token, probability) in enumerate(zip(tokens, probabilities), start=1):
+            print(f"    {rank}. {token} {probability:.3f}")
         results.append((tokens, probabilities))
     return results
 
