@@ -11,6 +11,12 @@
   function of `(seed, k)`, so a resumed run sees the batches an uninterrupted
   run would.
 - `consecutive_windows`: the validation split in consecutive windows.
+- `Ticker`, `progress_callback`: a progress line at least every N seconds
+  while `model.fit` runs, and one per interval with the validation metrics.
+- `save_checkpoint`, `load_checkpoint`, `checkpoint_callback`: an atomic
+  checkpoint (weights with the optimizer state, the step, the config, and
+  whatever else an example writes beside them, such as its vocabulary) that
+  a run resumes from.
 
 How the examples import it: each script is run as
 `python examples/<name>/train.py`, which puts `examples/<name>/` first on
@@ -29,10 +35,14 @@ keras nor TensorFlow at import time (`select_backend` must run before keras
 is imported); the functions that need them import them when called.
 """
 
+import dataclasses
 import gzip
+import json
 import os
 import pathlib
+import shutil
 import sys
+import time
 
 import numpy as np
 
@@ -297,3 +307,128 @@ def consecutive_windows(ids, context_length, batch_size, max_windows=None):
     inputs = ids[:length].reshape(num_windows, context_length)  # (N, T)
     targets = ids[1 : length + 1].reshape(num_windows, context_length)  # (N, T)
     return tf.data.Dataset.from_tensor_slices((inputs, targets)).batch(batch_size)
+
+
+# Progress.
+
+
+class Ticker:
+    """Says when `seconds` have passed since it last said so (or a reset)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.last = time.perf_counter()
+
+    def due(self):
+        now = time.perf_counter()
+        if now - self.last >= self.seconds:
+            self.last = now
+            return True
+        return False
+
+    def reset(self):
+        self.last = time.perf_counter()
+
+
+def _step(model):
+    import keras
+
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def _metrics(logs, names):
+    return ", ".join(f"{name} {float(logs[name]):.4f}" for name in names if name in logs)
+
+
+def progress_callback(seconds, metrics=("loss", "accuracy")):
+    """A callback for `model.fit` (one epoch = one evaluation interval) that
+    prints `step N: loss .., accuracy .., M ms/step` at least every
+    `seconds` while training, and at each epoch end the step, `metrics` and
+    their `val_` values with the seconds the epoch took."""
+    import keras
+
+    # The hooks read the model through `callback.model`: on JAX that
+    # property first brings the model's variables up to date.
+
+    ticker = Ticker(seconds)
+    state = {}
+
+    def on_epoch_begin(epoch, logs=None):
+        state.update(start=time.perf_counter(), first=_step(callback.model))
+
+    def on_train_batch_end(batch, logs=None):
+        if ticker.due():
+            step = _step(callback.model)
+            ms = 1e3 * (time.perf_counter() - state["start"]) / max(step - state["first"], 1)
+            print(f"step {step}: {_metrics(logs, metrics)}, {ms:.0f} ms/step", flush=True)
+
+    def on_epoch_end(epoch, logs=None):
+        seconds = time.perf_counter() - state["start"]
+        names = list(metrics) + [f"val_{name}" for name in metrics]
+        print(
+            f"step {_step(callback.model)}: {_metrics(logs, names)} ({seconds:.0f} s)",
+            flush=True,
+        )
+        ticker.reset()
+
+    callback = keras.callbacks.LambdaCallback(
+        on_epoch_begin=on_epoch_begin,
+        on_train_batch_end=on_train_batch_end,
+        on_epoch_end=on_epoch_end,
+    )
+    return callback
+
+
+# Checkpoints.
+
+
+def save_checkpoint(directory, model, step, config, save_extra=None):
+    """Writes `directory/checkpoint/`: `model.weights.h5` (with the optimizer's
+    moments and step counter, so a schedule continues), `state.json` (the
+    step and the config, a dataclass) and what `save_extra(folder)` writes
+    (e.g. a vocabulary).
+
+    Atomic: everything goes to `checkpoint.tmp/` first, which then replaces
+    the previous checkpoint by renames, so a run killed while saving leaves a
+    whole checkpoint (`checkpoint/`, or `checkpoint.old/` between the two
+    renames).
+    """
+    directory = pathlib.Path(directory)
+    final, tmp, old = (directory / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_weights(tmp / "model.weights.h5")
+    if save_extra is not None:
+        save_extra(tmp)
+    state = {"step": step, "config": dataclasses.asdict(config)}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(directory):
+    """`(step, config dict, folder)` of the checkpoint `save_checkpoint`
+    wrote in `directory` (the folder holds `model.weights.h5` and the extra
+    files), or `None` if there is none."""
+    for name in ("checkpoint", "checkpoint.old"):
+        path = pathlib.Path(directory) / name
+        if (path / "state.json").exists():
+            state = json.loads((path / "state.json").read_text())
+            return state["step"], state["config"], path
+    return None
+
+
+def checkpoint_callback(directory, config, save_extra=None):
+    """A callback for `model.fit` that calls `save_checkpoint` at the end of
+    every epoch (evaluation interval)."""
+    import keras
+
+    def on_epoch_end(epoch, logs=None):
+        model = callback.model  # synced (see `progress_callback`)
+        save_checkpoint(directory, model, _step(model), config, save_extra)
+
+    callback = keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
+    return callback

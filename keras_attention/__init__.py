@@ -7,7 +7,8 @@ Modules:
     layers: attention layers, positions, feed-forward networks and
         Transformer blocks.
     losses: the REINFORCE objective of hard attention.
-    models: language models built from the layers (GPT).
+    models: models built from the layers (GPT, Seq2SeqTransformer,
+        BertMaskedLM, BertClassifier).
     visualization: capture attention weights and plot them.
 """
 

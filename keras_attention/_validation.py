@@ -235,3 +235,10 @@ def check_token_ids(name, ids, vocabulary_size, max_length, length_name):
             f"`{name}` is longer than {length_name}={max_length}. "
             f"Received: length {ids.shape[1]}"
         )
+
+
+def check_positive_float(name, value):
+    """Returns `value` as a float if it is a positive real number, else raises."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive float. Received: {name}={value!r}")
+    return float(value)

@@ -18,7 +18,10 @@ import harness
 from harness import ROOT
 
 EXAMPLES = ROOT / "examples"
-SCRIPTS = ("demo/train.py", "gpt_lm/train.py", "gpt_lm/sample.py", "hard_attention/train.py")
+SCRIPTS = (
+    "demo/train.py", "gpt_lm/train.py", "gpt_lm/sample.py", "hard_attention/train.py",
+    "bert_mlm/train.py",
+)
 # sha256 of the decompressed tiny-shakespeare, as examples/data/README.md states.
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
@@ -249,3 +252,63 @@ def test_consecutive_windows_cover_the_ids_in_order(common, length):
     limited = list(common.consecutive_windows(ids, 10, 4, max_windows=3))
     assert sum(x.shape[0] for x, _ in limited) == 3
     np.testing.assert_array_equal(np.asarray(limited[0][0]).reshape(-1), ids[:30])
+
+
+# Checkpoints and progress.
+
+
+class _Weights:
+    """Stands in for a model: `save_weights` writes a file (or fails)."""
+
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    def save_weights(self, path):
+        if self.fail:
+            raise RuntimeError("killed while saving")
+        path.write_bytes(b"weights")
+
+
+def test_checkpoints_are_atomic_and_carry_what_an_example_adds(common, tmp_path):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        steps: int = 6
+        name: str = "tiny"
+
+    assert common.load_checkpoint(tmp_path) is None
+
+    def vocabulary(folder):
+        (folder / "vocabulary.txt").write_text("[PAD]\n")
+
+    common.save_checkpoint(tmp_path, _Weights(), 3, Config(), vocabulary)
+    step, config, folder = common.load_checkpoint(tmp_path)
+    assert (step, config) == (3, {"steps": 6, "name": "tiny"})
+    assert folder == tmp_path / "checkpoint"
+    assert (folder / "vocabulary.txt").read_text() == "[PAD]\n"
+    assert (folder / "model.weights.h5").read_bytes() == b"weights"
+    # A save that fails midway leaves the previous checkpoint whole.
+    with pytest.raises(RuntimeError, match="killed while saving"):
+        common.save_checkpoint(tmp_path, _Weights(fail=True), 6, Config())
+    assert common.load_checkpoint(tmp_path)[0] == 3
+    common.save_checkpoint(tmp_path, _Weights(), 6, Config(steps=9))
+    assert common.load_checkpoint(tmp_path)[:2] == (6, {"steps": 9, "name": "tiny"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    # Between the two renames only `checkpoint.old` exists: it is read.
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")
+    assert common.load_checkpoint(tmp_path)[0] == 6
+
+
+def test_ticker_is_due_after_its_seconds(common, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(common.time, "perf_counter", lambda: now[0])
+    ticker = common.Ticker(30)
+    now[0] = 129.0
+    assert not ticker.due()
+    now[0] = 130.5
+    assert ticker.due() and not ticker.due()
+    now[0] = 170.0
+    ticker.reset()
+    now[0] = 199.0
+    assert not ticker.due()

@@ -23,10 +23,7 @@ beam-search translations of the test books.
 
 import argparse
 import dataclasses
-import json
-import os
 import pathlib
-import shutil
 import sys
 import time
 
@@ -131,24 +128,6 @@ PRESETS = {
         num_samples=1,
     ),
 }
-
-
-class Ticker:
-    """Prints a line when `seconds` have passed since the last one."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-        self.last = time.perf_counter()
-
-    def due(self):
-        now = time.perf_counter()
-        if now - self.last >= self.seconds:
-            self.last = now
-            return True
-        return False
-
-    def reset(self):
-        self.last = time.perf_counter()
 
 
 # Data.
@@ -309,95 +288,7 @@ def compile_model(model, config, jit_compile="auto"):
     optimizer.build(model.trainable_variables)
 
 
-# Training: progress and checkpoints.
-
-
-class Progress(keras.callbacks.Callback):
-    """A line at least every `seconds` while training, and one per interval
-    with the validation loss."""
-
-    def __init__(self, seconds):
-        super().__init__()
-        self.ticker = Ticker(seconds)
-        self._start = None
-
-    def _step(self):
-        return int(ops.convert_to_numpy(self.model.optimizer.iterations))
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-        self._first_step = self._step()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.ticker.due():
-            step = self._step()
-            ms = 1e3 * (time.perf_counter() - self._start) / max(step - self._first_step, 1)
-            print(
-                f"step {step}: loss {float(logs['loss']):.4f}, "
-                f"accuracy {float(logs['accuracy']):.4f}, {ms:.0f} ms/step",
-                flush=True,
-            )
-
-    def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self._start
-        print(
-            f"step {self._step()}: loss {logs['loss']:.4f}, accuracy "
-            f"{logs['accuracy']:.4f}, val_loss {logs['val_loss']:.4f}, val_accuracy "
-            f"{logs['val_accuracy']:.4f} ({seconds:.0f} s)",
-            flush=True,
-        )
-        self.ticker.reset()
-
-
-class Checkpoint(keras.callbacks.Callback):
-    """After every `eval_interval` steps: weights + optimizer state, the step,
-    the config and the vocabularies (see `save_checkpoint`)."""
-
-    def __init__(self, directory, config, tokenizer):
-        super().__init__()
-        self.directory = pathlib.Path(directory)
-        self.config = config
-        self.tokenizer = tokenizer
-
-    def on_epoch_end(self, epoch, logs=None):
-        step = int(ops.convert_to_numpy(self.model.optimizer.iterations))
-        save_checkpoint(self.directory, self.model, self.config, self.tokenizer, step)
-
-
-def save_checkpoint(directory, model, config, tokenizer, step):
-    """Writes `directory/checkpoint/`: `model.weights.h5` (with the optimizer's
-    moments and step counter, so the schedule continues), `state.json` (step,
-    config) and the vocabularies.
-
-    Atomic: everything goes to `checkpoint.tmp/` first, which then replaces
-    the previous checkpoint by renames, so a run killed while saving leaves a
-    whole checkpoint (`checkpoint/`, or `checkpoint.old/` between the two
-    renames).
-    """
-    directory = pathlib.Path(directory)
-    final, tmp, old = (directory / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_weights(tmp / "model.weights.h5")
-    tokenizer.save(tmp)
-    state = {"step": step, "config": dataclasses.asdict(config)}
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(directory):
-    """`(step, config dict, tokenizer, path)` of the checkpoint in
-    `directory`, or `None` if there is none."""
-    for name in ("checkpoint", "checkpoint.old"):
-        path = pathlib.Path(directory) / name
-        if (path / "state.json").exists():
-            state = json.loads((path / "state.json").read_text())
-            return state["step"], state["config"], data.PairTokenizer.load(path), path
-    return None
+# Training.
 
 
 def train(model, config, datasets, output, start_step):
@@ -411,8 +302,8 @@ def train(model, config, datasets, output, start_step):
             steps_per_epoch=config.eval_interval,
             validation_data=datasets["validation_batches"],
             callbacks=[
-                Progress(config.progress_seconds),
-                Checkpoint(output, config, datasets["tokenizer"]),
+                common.progress_callback(config.progress_seconds),
+                common.checkpoint_callback(output, config, datasets["tokenizer"].save),
             ],
             shuffle=False,  # the stream is shuffled already
             verbose=0,
@@ -436,7 +327,7 @@ def evaluate(model, tokenizer, pairs, config):
 
     sources = [p.source for p in pairs]
     references = [p.target for p in pairs]
-    ticker = Ticker(config.progress_seconds)
+    ticker = common.Ticker(config.progress_seconds)
     results = {}
     for sampling in ("greedy", "beam"):
         label = f"beam ({config.num_beams} beams)" if sampling == "beam" else "greedy"
@@ -565,9 +456,10 @@ def main(argv=None):
     output = pathlib.Path(args.output_dir)
 
     start_step, tokenizer = 0, None
-    checkpoint = None if args.fresh else load_checkpoint(output)
+    checkpoint = None if args.fresh else common.load_checkpoint(output)
     if checkpoint is not None:
-        start_step, saved, tokenizer, path = checkpoint
+        start_step, saved, path = checkpoint
+        tokenizer = data.PairTokenizer.load(path)
         # The data and model must be those of the checkpoint; only the
         # number of steps may grow.
         steps = config.steps

@@ -18,6 +18,7 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoder
+from keras_attention.models import _keras_hub
 from keras_attention.models import generation
 
 
@@ -379,17 +380,7 @@ class GPT(keras.Model):
             (model.decoder.output_layer_norm, backbone.layer_norm),
         ]
         for ours, theirs in zip(model.decoder.blocks, backbone.transformer_layers):
-            attention = theirs._self_attention_layer
-            pairs += [
-                (ours.self_attention.query_dense, attention._query_dense),
-                (ours.self_attention.key_dense, attention._key_dense),
-                (ours.self_attention.value_dense, attention._value_dense),
-                (ours.self_attention.output_dense, attention._output_dense),
-                (ours.self_attention_layer_norm, theirs._self_attention_layer_norm),
-                (ours.feedforward.intermediate_dense, theirs._feedforward_intermediate_dense),
-                (ours.feedforward.output_dense, theirs._feedforward_output_dense),
-                (ours.feedforward_layer_norm, theirs._feedforward_layer_norm),
-            ]
+            pairs += _keras_hub.block_pairs(ours, theirs)
         for ours, theirs in pairs:
             ours.set_weights(theirs.get_weights())
         return model

@@ -20,6 +20,7 @@ from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_decoder import TransformerDecoder
 from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.models import _keras_hub
 from keras_attention.models import beam_search
 from keras_attention.models import generation
 
@@ -578,9 +579,9 @@ class Seq2SeqTransformer(keras.Model):
             (model.decoder_embedding_norm, backbone.decoder_embeddings_layer_norm),
         ]
         for ours, theirs in zip(model.encoder.blocks, backbone.encoder_transformer_layers):
-            pairs += _block_pairs(ours, theirs, cross=False)
+            pairs += _keras_hub.block_pairs(ours, theirs)
         for ours, theirs in zip(model.decoder.blocks, backbone.decoder_transformer_layers):
-            pairs += _block_pairs(ours, theirs, cross=True)
+            pairs += _keras_hub.block_pairs(ours, theirs, cross=True)
         for ours, theirs in pairs:
             ours.set_weights(theirs.get_weights())
         return model
@@ -603,29 +604,3 @@ class Seq2SeqTransformer(keras.Model):
         config["activation"] = self.decoder.block_arguments()["activation"]
         return config
 
-
-def _block_pairs(ours, theirs, cross):
-    """(our sublayer, KerasHub's) pairs of one block, in weight order."""
-    attention = theirs._self_attention_layer
-    pairs = [
-        (ours.self_attention.query_dense, attention._query_dense),
-        (ours.self_attention.key_dense, attention._key_dense),
-        (ours.self_attention.value_dense, attention._value_dense),
-        (ours.self_attention.output_dense, attention._output_dense),
-        (ours.self_attention_layer_norm, theirs._self_attention_layer_norm),
-    ]
-    if cross:
-        attention = theirs._cross_attention_layer
-        pairs += [
-            (ours.cross_attention.query_dense, attention._query_dense),
-            (ours.cross_attention.key_dense, attention._key_dense),
-            (ours.cross_attention.value_dense, attention._value_dense),
-            (ours.cross_attention.output_dense, attention._output_dense),
-            (ours.cross_attention_layer_norm, theirs._cross_attention_layer_norm),
-        ]
-    pairs += [
-        (ours.feedforward.intermediate_dense, theirs._feedforward_intermediate_dense),
-        (ours.feedforward.output_dense, theirs._feedforward_output_dense),
-        (ours.feedforward_layer_norm, theirs._feedforward_layer_norm),
-    ]
-    return pairs

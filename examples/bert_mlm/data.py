@@ -1,0 +1,328 @@
+"""The BERT example's data: verses, book splits, WordPiece, masked sentence pairs.
+
+- `load_verses`: the English side of the shipped Bible pairs
+  (`examples/data/web_rv1909.tsv.gz`, `book:chapter:verse<TAB>english<TAB>
+  spanish`), or any text file (a path, or an `http(s)://` or `file://` URL
+  downloaded once into a cache directory), one sentence a line. Each line
+  becomes a `Verse(reference, book, text)`; a plain text file has no books,
+  so its lines are cut into `NUM_BLOCKS` consecutive blocks that stand for
+  them.
+- `split_verses`: validation and test hold out WHOLE books: neighbouring
+  verses repeat each other, so a random verse split would test on near
+  copies of training verses. The Bible's held-out books are the translation
+  example's (the reasons are in `examples/translation/data.py`).
+- `Vocabulary`: a WordPiece vocabulary learned from the training verses
+  with `keras_hub.tokenizers.compute_word_piece_vocabulary`, and the
+  `keras_hub.tokenizers.WordPieceTokenizer` that reads it (lowercased, as
+  BERT's uncased models); saved one token a line.
+- `pair_batches`: `tf.data` batches of sentence pairs (each verse with the
+  verse after it in the same book, `[CLS] a [SEP] b [SEP]` with segment ids
+  0 then 1), tokenized inside the pipeline and masked by
+  `keras_hub.layers.MaskedLMMaskGenerator` (15% of the tokens; of those 80%
+  become `[MASK]`, 10% a random token, 10% stay): `({"token_ids",
+  "segment_ids", "padding_mask", "mask_positions"}, mask_ids, mask_weights)`,
+  what `keras_hub.models.BertMaskedLMPreprocessor` makes.
+- `testament_batches`: single verses labelled by their testament (0 Old, 1
+  New), the fine-tuning task.
+"""
+
+import collections
+import gzip
+import pathlib
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+# The translation example's copy: its English side is this example's text.
+DEFAULT_SOURCE = pathlib.Path(__file__).resolve().parents[1] / "data" / "web_rv1909.tsv.gz"
+CACHE_SUBDIR = "bert_mlm"
+
+Verse = collections.namedtuple("Verse", ["reference", "book", "text"])
+Verse.__doc__ = """One line of text: `reference` (`"book:chapter:verse"`, or the
+line number from 1 for a plain text), `book` (1 Genesis .. 66 Revelation, or
+the block number of a plain text) and `text`."""
+
+# Held out as in the translation example. Validation: Joshua (6), Romans
+# (45). Test: Ruth (8), Esther (17), Ecclesiastes (21), John (43).
+BIBLE_VALIDATION_BOOKS = (6, 45)
+BIBLE_TEST_BOOKS = (8, 17, 21, 43)
+NEW_TESTAMENT_FROM = 40  # Matthew
+# A plain text: 100 consecutive blocks; the 5th and 55th validate, the 10th,
+# 35th, 60th and 85th test.
+NUM_BLOCKS = 100
+BLOCK_VALIDATION_BOOKS = (5, 55)
+BLOCK_TEST_BOOKS = (10, 35, 60, 85)
+
+RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
+
+_REFERENCE = re.compile(r"\d+:\d+:\d+")
+
+
+# Verses.
+
+
+def read_text(source=None, cache_dir=None):
+    """The text of `source` (see `load_verses`), decoded as UTF-8."""
+    path = common.local_path(
+        DEFAULT_SOURCE if source is None else source, cache_dir,
+        cache_subdir=CACHE_SUBDIR, default_name="corpus.txt",
+    )
+    if not path.is_file():
+        raise ValueError(f"`source` does not exist. Received: source={str(path)!r}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+def parse_verses(text):
+    """The `Verse`s of `text`: the Bible layout if the first field of the
+    first line is a `book:chapter:verse` reference (the second field is the
+    English), else one verse per non-empty line in `NUM_BLOCKS` blocks."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and _REFERENCE.fullmatch(lines[0].split("\t", 1)[0]):
+        verses = []
+        for number, line in enumerate(lines, start=1):
+            fields = line.split("\t")
+            if len(fields) < 2 or not _REFERENCE.fullmatch(fields[0]):
+                raise ValueError(
+                    "A line of a Bible file must read `book:chapter:verse<TAB>"
+                    f"english[<TAB>...]`. Received: line {number}: {line[:80]!r}"
+                )
+            book = int(fields[0].split(":", 1)[0])
+            verses.append(Verse(fields[0], book, fields[1].strip()))
+        return verses
+    return [
+        Verse(str(i + 1), i * NUM_BLOCKS // len(lines), line.strip())
+        for i, line in enumerate(lines)
+    ]
+
+
+def load_verses(source=None, cache_dir=None):
+    """The `Verse`s of `source`: `None` for the shipped Bible; a path; or a
+    URL, downloaded once into `cache_dir/CACHE_SUBDIR` (default
+    `~/.keras/datasets`) and read from there afterwards. `.gz` files are
+    decompressed."""
+    return parse_verses(read_text(source, cache_dir))
+
+
+def is_bible(verses):
+    return bool(verses) and all(_REFERENCE.fullmatch(v.reference) for v in verses)
+
+
+def default_held_out_books(verses):
+    """`(validation_books, test_books)` for the layout of `verses`."""
+    if is_bible(verses):
+        return BIBLE_VALIDATION_BOOKS, BIBLE_TEST_BOOKS
+    return BLOCK_VALIDATION_BOOKS, BLOCK_TEST_BOOKS
+
+
+def split_verses(verses, validation_books=None, test_books=None):
+    """`(train, validation, test)`: whole books held out, in file order."""
+    default_validation, default_test = default_held_out_books(verses)
+    validation_books = set(default_validation if validation_books is None else validation_books)
+    test_books = set(default_test if test_books is None else test_books)
+    if validation_books & test_books:
+        raise ValueError(
+            "A book cannot both validate and test. Received: books "
+            f"{sorted(validation_books & test_books)} in both"
+        )
+    splits = ([], [], [])
+    for verse in verses:
+        index = 1 if verse.book in validation_books else 2 if verse.book in test_books else 0
+        splits[index].append(verse)
+    return splits
+
+
+def testament(verse):
+    """0 for a verse of the Old Testament, 1 for the New."""
+    return int(verse.book >= NEW_TESTAMENT_FROM)
+
+
+# Tokens.
+
+
+class Vocabulary:
+    """A WordPiece vocabulary and its tokenizer (lowercased, punctuation
+    split off); the reserved tokens first (`[PAD]` 0, `[UNK]` 1, `[CLS]` 2,
+    `[SEP]` 3, `[MASK]` 4)."""
+
+    def __init__(self, tokens):
+        import keras_hub
+
+        self.tokens = list(tokens)
+        if tuple(self.tokens[: len(RESERVED_TOKENS)]) != RESERVED_TOKENS:
+            raise ValueError(
+                f"`tokens` must start with {list(RESERVED_TOKENS)}. Received: "
+                f"{self.tokens[: len(RESERVED_TOKENS)]}"
+            )
+        self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+            vocabulary=self.tokens, lowercase=True, oov_token="[UNK]", dtype="int32"
+        )
+
+    @classmethod
+    def fit(cls, texts, size):
+        """Learned from `texts` with at most `size` tokens (the learner
+        keeps what it finds often enough, so it may return fewer)."""
+        import keras_hub
+        import tensorflow as tf
+
+        dataset = tf.data.Dataset.from_tensor_slices(list(texts)).batch(1024)
+        return cls(
+            keras_hub.tokenizers.compute_word_piece_vocabulary(
+                dataset, size, lowercase=True, reserved_tokens=list(RESERVED_TOKENS)
+            )
+        )
+
+    @property
+    def size(self):
+        return len(self.tokens)
+
+    def encode(self, text):
+        """The ids of `text`, a list; `"[MASK]"` in it becomes `MASK_ID`."""
+        parts = text.split("[MASK]")
+        ids = []
+        for i, part in enumerate(parts):
+            if i:
+                ids.append(MASK_ID)
+            if part.strip():
+                ids += [int(t) for t in self.tokenizer.tokenize(part)]
+        return ids
+
+    def counts(self, texts):
+        """How often each id occurs in `texts` (an int64 array of `size`)."""
+        counts = np.zeros(self.size, "int64")
+        for ids in self.tokenizer.tokenize(list(texts)):
+            np.add.at(counts, np.asarray(ids), 1)
+        return counts
+
+    def save(self, directory):
+        directory = pathlib.Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "vocabulary.txt").write_text(
+            "".join(t + "\n" for t in self.tokens), encoding="utf-8"
+        )
+
+    @classmethod
+    def load(cls, directory):
+        path = pathlib.Path(directory) / "vocabulary.txt"
+        return cls(path.read_text(encoding="utf-8").splitlines())
+
+
+# Batches.
+
+
+def sentence_pairs(verses):
+    """`(first, second)` texts: each verse and the next verse of its book
+    (the last verse of a book has none and is left out)."""
+    return [
+        (a.text, b.text) for a, b in zip(verses, verses[1:]) if a.book == b.book
+    ]
+
+
+def _packer(sequence_length):
+    import keras_hub
+
+    return keras_hub.layers.MultiSegmentPacker(
+        sequence_length=sequence_length, start_value=CLS_ID, end_value=SEP_ID,
+        pad_value=PAD_ID,
+    )
+
+
+def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_length,
+                 seed, shuffle=True, start_step=0, mask_selection_rate=0.15):
+    """Masked sentence-pair batches, as `BertMaskedLMPreprocessor` makes them.
+
+    With `shuffle` (training) the stream is endless: each pass over the
+    pairs is in the order of a stateless permutation of `(seed, pass)` and
+    drops its last partial batch, so the stream made with `start_step=k`
+    continues with the pairs an uninterrupted run would see at step `k`
+    (the masks are drawn afresh). Without it: one pass in order, the last
+    batch partial, the masks drawn once and cached, so every evaluation
+    sees the same masks.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, mask_ids, mask_weights)`: `x` the dict
+        of `token_ids`, `segment_ids`, `padding_mask` (bool) and
+        `mask_positions`, each `(B, sequence_length)` or `(B,
+        mask_selection_length)`.
+    """
+    import keras_hub
+    import tensorflow as tf
+
+    first = tf.constant([a for a, _ in pairs])
+    second = tf.constant([b for _, b in pairs])
+    packer = _packer(sequence_length)
+    masker = keras_hub.layers.MaskedLMMaskGenerator(
+        vocabulary_size=vocabulary.size,
+        mask_selection_rate=mask_selection_rate,
+        mask_token_id=MASK_ID,
+        mask_selection_length=mask_selection_length,
+        unselectable_token_ids=[PAD_ID, CLS_ID, SEP_ID],
+        mask_token_rate=0.8,
+        random_token_rate=0.1,
+    )
+
+    def preprocess(a, b):  # (B,) strings
+        token_ids, segment_ids = packer((vocabulary.tokenizer(a), vocabulary.tokenizer(b)))
+        masked = masker(token_ids)
+        x = {
+            "token_ids": masked["token_ids"],
+            "segment_ids": segment_ids,
+            "padding_mask": token_ids != PAD_ID,
+            "mask_positions": masked["mask_positions"],
+        }
+        return x, masked["mask_ids"], tf.cast(masked["mask_weights"], "float32")
+
+    def one_pass(index):
+        keys = tf.random.stateless_uniform(
+            (len(pairs),), seed=tf.stack([tf.constant(seed, "int64"), index])
+        )
+        order = tf.argsort(keys)
+        return tf.data.Dataset.from_tensor_slices(
+            (tf.gather(first, order), tf.gather(second, order))
+        ).batch(batch_size, drop_remainder=True)
+
+    if not shuffle:
+        dataset = tf.data.Dataset.from_tensor_slices((first, second)).batch(batch_size)
+        return dataset.map(preprocess).cache().prefetch(tf.data.AUTOTUNE)
+    per_pass = len(pairs) // batch_size
+    if per_pass == 0:
+        raise ValueError(
+            "The training pairs fill no batch: lower `batch_size`. Received: "
+            f"{len(pairs)} pairs, batch_size={batch_size}"
+        )
+    first_pass, skip = divmod(start_step, per_pass)
+    return (
+        tf.data.Dataset.range(first_pass, 2**62)
+        .flat_map(one_pass)
+        .skip(skip)
+        .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def testament_batches(verses, vocabulary, sequence_length, batch_size, seed=None):
+    """Single verses `[CLS] verse [SEP]` labelled by `testament`: `({"token_ids",
+    "segment_ids", "padding_mask"}, labels)`. With `seed`, an endless stream
+    of shuffled passes; without, one pass in order."""
+    import tensorflow as tf
+
+    texts = tf.constant([v.text for v in verses])
+    labels = tf.constant([testament(v) for v in verses], "int32")
+    packer = _packer(sequence_length)
+
+    def preprocess(text, label):
+        token_ids, segment_ids = packer(vocabulary.tokenizer(text))
+        x = {"token_ids": token_ids, "segment_ids": segment_ids,
+             "padding_mask": token_ids != PAD_ID}
+        return x, label
+
+    dataset = tf.data.Dataset.from_tensor_slices((texts, labels))
+    if seed is not None:
+        dataset = dataset.repeat().shuffle(len(verses), seed=seed)
+    return dataset.batch(batch_size).map(preprocess).prefetch(tf.data.AUTOTUNE)

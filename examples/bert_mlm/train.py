@@ -1,0 +1,494 @@
+"""Pretrain a BERT-style masked language model on the Bible, then fine-tune it.
+
+Reads top to bottom: config presets -> data (English verses, whole books
+held out, a WordPiece vocabulary learned from the training books, masked
+sentence pairs in `tf.data`) -> model (`BertMaskedLM`) -> optimizer (AdamW,
+linear warm-up then cosine decay) -> `model.fit` with a validation loss and
+a checkpoint every `eval_interval` steps -> masked-token accuracy and
+perplexity on the test books beside two baselines (the most frequent token;
+a unigram model) -> fine-tuning `BertClassifier` to tell which testament a
+verse comes from, from the pretrained encoder and from scratch, with the
+same steps -> a fill-mask demo -> a picture of one layer's attention heads.
+
+Usage:
+
+    python examples/bert_mlm/train.py                   # --config cpu, < 20 minutes
+    python examples/bert_mlm/train.py --backend jax     # or tensorflow, torch
+    python examples/bert_mlm/train.py --config gpu --mixed-precision
+    python examples/bert_mlm/train.py --tiny            # seconds, for tests
+    python examples/bert_mlm/train.py --source file:///path/to/book.txt
+
+A run that finds a checkpoint in `--output-dir` resumes from it (same steps,
+same order of sentence pairs, optimizer state and schedule included);
+`--fresh` starts over. The last line printed is `masked_accuracy: <value>`,
+the share of the masked tokens of the test books predicted exactly.
+"""
+
+import argparse
+import dataclasses
+import math
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
+import common  # noqa: E402
+
+common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import data  # noqa: E402
+from keras_attention.models import BertClassifier  # noqa: E402
+from keras_attention.models import BertEncoder  # noqa: E402
+from keras_attention.models import BertMaskedLM  # noqa: E402
+
+FILL_MASK_SENTENCE = "In the beginning God created the [MASK] and the earth."
+
+
+@dataclasses.dataclass
+class Config:
+    # Data.
+    source: str | None = None  # None: the shipped Bible (English side)
+    cache_dir: str | None = None
+    max_train_verses: int | None = None  # the first verses only (None: all)
+    max_eval_verses: int | None = None  # per held-out split (None: all)
+    vocabulary_size: int = 8000  # the learner may return fewer
+    sequence_length: int = 64  # [CLS] a [SEP] b [SEP], truncated round-robin
+    mask_selection_length: int = 10  # masks per pair at most (15% of 64)
+    batch_size: int = 32
+    # Model (BERT's layout at a quarter of BERT-mini's width squared).
+    num_layers: int = 4
+    num_heads: int = 4
+    hidden_dim: int = 128
+    intermediate_dim: int = 512
+    dropout: float = 0.1
+    # Pretraining: AdamW, linear warm-up then cosine decay.
+    steps: int = 1500
+    eval_interval: int = 300
+    warmup_steps: int = 150
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.01
+    progress_seconds: float = 30.0  # a progress line at least this often
+    # Fine-tuning: which testament a verse comes from.
+    finetune_steps: int = 100
+    finetune_verses_per_class: int = 2000  # from the training books
+    finetune_learning_rate: float = 2e-4
+    finetune_batch_size: int = 32
+    finetune_sequence_length: int = 48  # [CLS] verse [SEP], truncated
+    # The picture.
+    attention_layer: int = -1  # the block whose heads are drawn
+    seed: int = 1
+
+
+PRESETS = {
+    # 4 blocks of width 128 on the 2-core CPU: 1,500 steps of 32 pairs of
+    # up to 64 tokens, 1.7 passes over the 28,521 training pairs.
+    "cpu": {},
+    # BERT-base's shape on the same corpus, with longer pairs. Not yet
+    # measured.
+    "gpu": dict(
+        sequence_length=128,
+        mask_selection_length=20,
+        batch_size=128,
+        num_layers=12,
+        num_heads=12,
+        hidden_dim=768,
+        intermediate_dim=3072,
+        steps=10000,
+        eval_interval=1000,
+        warmup_steps=1000,
+        learning_rate=2e-4,
+        finetune_steps=500,
+        finetune_learning_rate=3e-5,
+    ),
+    "tiny": dict(
+        max_train_verses=600,
+        max_eval_verses=40,
+        vocabulary_size=300,
+        sequence_length=24,
+        mask_selection_length=4,
+        batch_size=8,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        steps=6,
+        eval_interval=3,
+        warmup_steps=2,
+        finetune_steps=4,
+        finetune_verses_per_class=16,
+        finetune_batch_size=8,
+        finetune_sequence_length=16,
+        progress_seconds=0.0,
+    ),
+}
+
+
+# Data.
+
+
+def make_data(config, start_step=0, vocabulary=None):
+    """The verse splits, the vocabulary and the batches.
+
+    Returns:
+        A dict: `train`, `validation`, `test` (lists of `data.Verse`),
+        `vocabulary` (learned from `train` unless given), `train_batches`
+        (endless, from `start_step`), `validation_batches`, `test_batches`
+        (one pass each, masks drawn once).
+    """
+    verses = data.load_verses(config.source, config.cache_dir)
+    validation_books, test_books = data.default_held_out_books(verses)
+    train, validation, test = data.split_verses(verses, validation_books, test_books)
+    train = train[: config.max_train_verses]
+    validation = validation[: config.max_eval_verses]
+    test = test[: config.max_eval_verses]
+    if vocabulary is None:
+        start = time.perf_counter()
+        vocabulary = data.Vocabulary.fit([v.text for v in train], config.vocabulary_size)
+        print(
+            f"learned a WordPiece vocabulary of {vocabulary.size} tokens (asked "
+            f"{config.vocabulary_size}) from {len(train)} verses in "
+            f"{time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
+
+    def batches(split, **kwargs):
+        return data.pair_batches(
+            data.sentence_pairs(split), vocabulary, config.sequence_length,
+            config.batch_size, config.mask_selection_length, config.seed, **kwargs,
+        )
+
+    pairs = data.sentence_pairs(train)
+    print(
+        f"verses: {len(train)} train ({len(pairs)} pairs), {len(validation)} "
+        f"validation, {len(test)} test; held-out books: validation "
+        f"{list(validation_books)}, test {list(test_books)}",
+        flush=True,
+    )
+    return dict(
+        train=train, validation=validation, test=test, vocabulary=vocabulary,
+        train_batches=batches(train, start_step=start_step),
+        validation_batches=batches(validation, shuffle=False),
+        test_batches=batches(test, shuffle=False),
+    )
+
+
+# Model and optimizer.
+
+
+def model_arguments(config, vocabulary):
+    return dict(
+        vocabulary_size=vocabulary.size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        hidden_dim=config.hidden_dim,
+        intermediate_dim=config.intermediate_dim,
+        dropout=config.dropout,
+        max_sequence_length=config.sequence_length,
+        seed=config.seed,
+    )
+
+
+def build_model(config, vocabulary):
+    model = BertMaskedLM(**model_arguments(config, vocabulary))
+    model.build()
+    return model
+
+
+def adamw(learning_rate, steps, warmup_steps, weight_decay):
+    """AdamW (BERT's betas and epsilon) on a linear warm-up to
+    `learning_rate`, then a cosine decay to 0; no decay on biases and norms."""
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(steps - warmup_steps, 1), warmup_target=learning_rate,
+        warmup_steps=warmup_steps,
+    )
+    optimizer = keras.optimizers.AdamW(
+        schedule, weight_decay=weight_decay, beta_1=0.9, beta_2=0.999, epsilon=1e-6
+    )
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer
+
+
+def compile_model(model, config):
+    optimizer = adamw(config.learning_rate, config.steps, config.warmup_steps,
+                      config.weight_decay)
+    model.compile(
+        optimizer=optimizer,
+        # The weights are 1 on real masks, 0 on the padding of
+        # `mask_positions`: the mean runs over the real masks only.
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        ),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    optimizer.build(model.trainable_variables)
+
+
+# Pretraining.
+
+
+def train(model, config, datasets, output, start_step):
+    """`model.fit` from `start_step` to `config.steps`; returns the seconds."""
+    start = time.perf_counter()
+    if start_step < config.steps:
+        model.fit(
+            datasets["train_batches"],
+            initial_epoch=start_step // config.eval_interval,
+            epochs=config.steps // config.eval_interval,
+            steps_per_epoch=config.eval_interval,
+            validation_data=datasets["validation_batches"],
+            callbacks=[
+                common.progress_callback(config.progress_seconds),
+                common.checkpoint_callback(output, config, datasets["vocabulary"].save),
+            ],
+            shuffle=False,  # the stream is shuffled already
+            verbose=0,
+        )
+    seconds = time.perf_counter() - start
+    print(f"trained {config.steps - start_step} steps in {seconds:.1f} s", flush=True)
+    return seconds
+
+
+# Evaluation.
+
+
+def _log_softmax(logits):
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+
+
+def evaluate(model, batches, counts):
+    """Masked-token accuracy and perplexity on `batches`, and the baselines.
+
+    Every masked token counts once (the weights leave out the padding of
+    `mask_positions`). Baselines from the training counts: always the most
+    frequent token; a unigram model (add-one smoothed frequencies, special
+    tokens excluded), whose best guess is that same token.
+
+    Returns:
+        A dict: `masks`, `accuracy`, `perplexity`, `most_frequent_accuracy`,
+        `unigram_perplexity`.
+    """
+    counts = counts.astype("float64").copy()
+    counts[: len(data.RESERVED_TOKENS)] = 0
+    unigram = np.log((counts + 1) / (counts + 1)[len(data.RESERVED_TOKENS):].sum())
+    unigram[: len(data.RESERVED_TOKENS)] = -np.inf
+    most_frequent = int(np.argmax(counts))
+    total = correct = nll = frequent = unigram_nll = 0.0
+    for x, labels, weights in batches.as_numpy_iterator():
+        log_p = _log_softmax(np.asarray(model.predict_on_batch(x), "float64"))  # (B, M, V)
+        real = weights > 0
+        labels = labels[real]
+        log_p = log_p[real]  # (N, V)
+        total += len(labels)
+        correct += (log_p.argmax(-1) == labels).sum()
+        nll -= log_p[np.arange(len(labels)), labels].sum()
+        frequent += (labels == most_frequent).sum()
+        unigram_nll -= unigram[labels].sum()
+    return dict(
+        masks=int(total),
+        accuracy=correct / total,
+        perplexity=math.exp(nll / total),
+        most_frequent_token=most_frequent,
+        most_frequent_accuracy=frequent / total,
+        unigram_perplexity=math.exp(unigram_nll / total),
+    )
+
+
+# Fine-tuning.
+
+
+def balanced_verses(verses, per_class, seed):
+    """`per_class` verses of each testament (fewer if a testament has
+    fewer), drawn at random."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for label in (0, 1):
+        pool = [v for v in verses if data.testament(v) == label]
+        picks = rng.permutation(len(pool))[:per_class]
+        chosen += [pool[i] for i in sorted(picks)]
+    return chosen
+
+
+def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None):
+    """Trains a testament classifier for `finetune_steps` steps, from the
+    encoder of `pretrained` (a `BertMaskedLM`) or from scratch; returns the
+    accuracy on `test_verses`."""
+    if pretrained is not None:
+        classifier = BertClassifier.from_masked_lm(pretrained, num_classes=2, seed=config.seed)
+    else:
+        # The same seed: both runs start from the same output layer draw.
+        keras.utils.set_random_seed(config.seed)
+        encoder = BertEncoder(**model_arguments(config, vocabulary))
+        classifier = BertClassifier(encoder, num_classes=2, seed=config.seed)
+        classifier.build()
+    warmup = max(config.finetune_steps // 10, 1)
+    classifier.compile(
+        optimizer=adamw(config.finetune_learning_rate, config.finetune_steps, warmup,
+                        config.weight_decay),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    length = config.finetune_sequence_length
+    batches = data.testament_batches(
+        train_verses, vocabulary, length, config.finetune_batch_size, seed=config.seed
+    )
+    test = data.testament_batches(test_verses, vocabulary, length, config.finetune_batch_size)
+    start = time.perf_counter()
+    classifier.fit(batches, epochs=1, steps_per_epoch=config.finetune_steps, verbose=0,
+                   shuffle=False)
+    _, accuracy = classifier.evaluate(test, verbose=0)
+    label = "pretrained" if pretrained is not None else "from scratch"
+    print(
+        f"fine-tuned ({label}) {config.finetune_steps} steps in "
+        f"{time.perf_counter() - start:.1f} s: test accuracy {accuracy:.4f}",
+        flush=True,
+    )
+    return accuracy
+
+
+# Samples.
+
+
+def fill_mask(model, vocabulary, sentence, top_k=5):
+    """The `top_k` tokens and probabilities for each `[MASK]` of `sentence`,
+    printed; returns `[(tokens, probabilities)]`, one per mask."""
+    ids = [data.CLS_ID] + vocabulary.encode(sentence) + [data.SEP_ID]
+    results = []
+    print(f"fill-mask: {sentence}")
+    for position, top, probabilities in model.fill_mask(np.array([ids]), data.MASK_ID, top_k)[0]:
+        tokens = [vocabulary.tokens[i] for i in top]
+        print(f"  [MASK] at position {position}:")
+        for rank, (token, probability) in enumerate(zip(tokens, probabilities), start=1):
+            print(f"    {rank}. {token} {probability:.3f}")
+        results.append((tokens, probabilities))
+    return results
+
+
+def plot_attention_heads(model, vocabulary, sentence, layer, path):
+    """Saves the attention of every head of block `layer` on `sentence`
+    (`[CLS] sentence [SEP]`) as a PNG, rows the queries, columns the keys."""
+    from keras_attention.visualization import capture_attention, plot_attention
+
+    ids = np.array([[data.CLS_ID] + vocabulary.encode(sentence) + [data.SEP_ID]], "int32")
+    ids = ids[:, : model.max_sequence_length]
+    inputs = {"token_ids": ids, "mask_positions": np.zeros((1, 1), "int32")}
+    maps = dict(capture_attention(model, inputs))
+    name = model.encoder.encoder.blocks[layer].self_attention.path
+    weights = maps[name][0]  # (H, T, T)
+    tokens = [vocabulary.tokens[i] for i in ids[0]]
+    figure = plot_attention(
+        weights, query_labels=tokens, key_labels=tokens, title=f"{name}: {sentence}",
+        columns=2, panel_size=max(3.0, 0.22 * len(tokens)),
+    )
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    print(f"attention of {name} saved to {path}")
+
+
+# Main.
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
+    parser.add_argument("--backend", choices=common.BACKENDS)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--output-dir", default="bert_mlm_output")
+    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
+    parser.add_argument("--source", help="text file path or URL (default: the shipped Bible)")
+    parser.add_argument("--cache-dir", help="where a downloaded text is kept")
+    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16")
+    args = parser.parse_args(argv)
+    config = Config(**PRESETS["tiny" if args.tiny else args.config])
+    for name in ("steps", "eval_interval", "source", "cache_dir"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    if config.steps % config.eval_interval:
+        parser.error(
+            f"--steps ({config.steps}) must be a multiple of the evaluation "
+            f"interval ({config.eval_interval})"
+        )
+    return args, config
+
+
+def main(argv=None):
+    args, config = parse_args(argv)
+    print(f"backend: {keras.backend.backend()}")
+    if args.mixed_precision:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(config.seed)
+    output = pathlib.Path(args.output_dir)
+    began = time.perf_counter()
+
+    start_step, vocabulary = 0, None
+    checkpoint = None if args.fresh else common.load_checkpoint(output)
+    if checkpoint is not None:
+        start_step, saved, path = checkpoint
+        vocabulary = data.Vocabulary.load(path)
+        # The data and model must be those of the checkpoint; only the
+        # number of steps may grow.
+        config = Config(**{**saved, "steps": max(config.steps, saved["steps"])})
+        print(f"resuming from step {start_step} of {output}")
+    print(config)
+
+    datasets = make_data(config, start_step, vocabulary)
+    vocabulary = datasets["vocabulary"]
+    model = build_model(config, vocabulary)
+    compile_model(model, config)
+    if checkpoint is not None:
+        model.load_weights(path / "model.weights.h5")
+    print(f"vocabulary: {vocabulary.size} tokens; parameters: {model.count_params():,}")
+
+    train(model, config, datasets, output, start_step)
+    model.save(output / "model.keras")
+    vocabulary.save(output)
+    print(f"model saved to {output / 'model.keras'}")
+
+    counts = vocabulary.counts([v.text for v in datasets["train"]])
+    results = evaluate(model, datasets["test_batches"], counts)
+    print(
+        f"test ({results['masks']} masked tokens): masked accuracy "
+        f"{results['accuracy']:.4f}, perplexity {results['perplexity']:.2f}; baselines: "
+        f"most frequent token ({vocabulary.tokens[results['most_frequent_token']]!r}) "
+        f"accuracy {results['most_frequent_accuracy']:.4f}, unigram perplexity "
+        f"{results['unigram_perplexity']:.2f}",
+        flush=True,
+    )
+
+    finetune_train = balanced_verses(
+        datasets["train"], config.finetune_verses_per_class, config.seed
+    )
+    test_verses = datasets["test"]
+    majority = max(np.mean([data.testament(v) for v in test_verses]),
+                   1 - np.mean([data.testament(v) for v in test_verses]))
+    print(
+        f"fine-tuning: which testament, {len(finetune_train)} training verses "
+        f"(balanced), {len(test_verses)} test verses (majority class {majority:.4f})",
+        flush=True,
+    )
+    pretrained_accuracy = fine_tune(config, vocabulary, finetune_train, test_verses, model)
+    scratch_accuracy = fine_tune(config, vocabulary, finetune_train, test_verses)
+    print(
+        f"testament accuracy: pretrained {pretrained_accuracy:.4f}, from scratch "
+        f"{scratch_accuracy:.4f}"
+    )
+
+    fill_mask(model, vocabulary, FILL_MASK_SENTENCE)
+    plot_attention_heads(
+        model, vocabulary, FILL_MASK_SENTENCE.replace("[MASK]", "heavens"),
+        config.attention_layer, output / "attention.png",
+    )
+    print(f"total {time.perf_counter() - began:.0f} s")
+    print(f"masked_accuracy: {results['accuracy']:.4f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""The BERT example: verse files, book splits, WordPiece, masked sentence pairs,
+the metrics and baselines, and a `--tiny` run that pretrains, saves, resumes,
+fine-tunes, fills a mask and draws.
+
+The run goes in subprocesses on the current backend (`KERAS_BACKEND`), as a
+user would run the README's commands; the rest runs in-process on small data
+the tests write.
+"""
+
+import gzip
+import math
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import harness
+from harness import ROOT
+
+EXAMPLE = ROOT / "examples" / "bert_mlm"
+
+BIBLE = [
+    ("1:1:1", "In the beginning God created the heavens and the earth.", "EN el principio"),
+    ("1:1:2", "The earth was formless and empty.", "Y la tierra"),
+    ("1:1:3", 'God said, "Let there be light," and there was light.', "Y dijo Dios"),
+    ("6:1:1", "Now after the death of Moses the servant of Yahweh.", "Y ACONTECIO"),
+    ("8:1:16", "Ruth said, Don't entreat me to leave you.", "Y Ruth"),
+    ("43:1:1", "In the beginning was the Word.", "EN el principio"),
+    ("43:11:35", "Jesus wept.", "Y lloró Jesús."),
+    ("45:1:1", "Paul, a servant of Jesus Christ.", "PABLO"),
+]
+TEXTS = [
+    "in the beginning god created the heavens and the earth",
+    "the earth was formless and empty and darkness was on the deep",
+    "god said let there be light and there was light",
+    "god saw the light and saw that it was good",
+] * 12
+
+
+def _load(name):
+    return harness.load_module(EXAMPLE / f"{name}.py", f"bert_mlm_{name}")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _load("data")
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _load("train")
+
+
+@pytest.fixture(scope="module")
+def vocabulary(data):
+    return data.Vocabulary.fit(TEXTS, 100)
+
+
+def _write(path, lines):
+    text = "".join(line + "\n" for line in lines)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+# Verses and splits.
+
+
+@pytest.mark.parametrize("name", ["bible.tsv.gz", "book.txt"])
+def test_verses_through_a_file_url_into_the_cache(data, tmp_path, name):
+    bible = name.startswith("bible")
+    lines = ["\t".join(row) for row in BIBLE] if bible else [t for t in TEXTS[:4]] + [""]
+    path = _write(tmp_path / name, lines)
+    cache = tmp_path / "cache" / "not_made_yet"
+    verses = data.load_verses(path.as_uri(), cache_dir=str(cache))
+    if bible:
+        assert verses[0] == data.Verse("1:1:1", 1, BIBLE[0][1])  # the English side
+        assert [v.book for v in verses] == [1, 1, 1, 6, 8, 43, 43, 45]
+        assert data.is_bible(verses)
+    else:
+        # One verse a line (blank lines skipped), in consecutive blocks.
+        assert [v.text for v in verses] == TEXTS[:4]
+        assert [v.reference for v in verses] == ["1", "2", "3", "4"]
+        assert [v.book for v in verses] == [0, 25, 50, 75]
+    assert [c.parent for c in cache.rglob(name)] == [cache / data.CACHE_SUBDIR]
+    path.unlink()  # read from the cache from now on
+    assert data.load_verses(path.as_uri(), cache_dir=str(cache)) == verses
+    with pytest.raises(ValueError, match=r"`source` does not exist"):
+        data.load_verses(str(tmp_path / "missing.txt"))
+
+
+def test_split_holds_out_whole_books(data):
+    verses = data.parse_verses("".join("\t".join(r) + "\n" for r in BIBLE))
+    train, validation, test = data.split_verses(verses)
+    assert {v.book for v in train} == {1}
+    assert {v.book for v in validation} == {6, 45}
+    assert {v.book for v in test} == {8, 43}
+    assert [data.testament(v) for v in test] == [0, 1, 1]
+    with pytest.raises(ValueError, match=r"cannot both validate and test.*\[43\]"):
+        data.split_verses(verses, validation_books=[43], test_books=[8, 43])
+    with pytest.raises(ValueError, match=r"book:chapter:verse<TAB>english.*line 2: 'oops'"):
+        data.parse_verses("1:1:1\ta\tb\noops\n")
+
+
+def test_default_split_of_the_shipped_english(data):
+    verses = data.load_verses()
+    assert len(verses) == 31_025
+    train, validation, test = data.split_verses(verses)
+    assert (len(train), len(validation), len(test)) == (28_581, 1_091, 1_353)
+    assert {v.book for v in test} == set(data.BIBLE_TEST_BOOKS)
+    assert not {v.book for v in train} & {v.book for v in validation + test}
+    # Pairs never cross a book.
+    pairs = data.sentence_pairs(validation)
+    assert len(pairs) == len(validation) - 2
+    assert pairs[0] == (validation[0].text, validation[1].text)
+
+
+# WordPiece.
+
+
+def test_vocabulary_reserved_tokens_mask_and_save(data, vocabulary, tmp_path):
+    assert vocabulary.tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert vocabulary.size <= 100
+    ids = vocabulary.encode("In the beginning God created the [MASK] and the earth.")
+    tokens = [vocabulary.tokens[i] for i in ids]
+    assert tokens[:6] == ["in", "the", "beginning", "god", "created", "the"]
+    # "." never occurs in the training texts: [UNK].
+    assert ids[6] == data.MASK_ID and tokens[7:] == ["and", "the", "earth", "[UNK]"]
+    counts = vocabulary.counts(["the earth the", "god"])
+    assert counts[vocabulary.tokens.index("the")] == 2 and counts.sum() == 4
+    vocabulary.save(tmp_path)
+    assert data.Vocabulary.load(tmp_path).tokens == vocabulary.tokens
+    with pytest.raises(ValueError, match=r"`tokens` must start with"):
+        data.Vocabulary(["a", "b", "c", "d", "e"])
+
+
+# Masked pairs.
+
+
+def _unmasked(x, labels, weights):
+    """The token ids with each masked position given back its label."""
+    ids = x["token_ids"].copy()
+    for row in range(len(ids)):
+        real = weights[row] > 0
+        ids[row, x["mask_positions"][row][real]] = labels[row][real]
+    return ids
+
+
+def test_pair_batches_pack_segments_and_mask_as_bert(data, vocabulary):
+    pairs = [(a, b) for a, b in zip(TEXTS, TEXTS[1:])]
+    dataset = data.pair_batches(pairs, vocabulary, 32, 8, 6, seed=0, shuffle=False)
+    batches = list(dataset.as_numpy_iterator())
+    assert len(batches) == math.ceil(len(pairs) / 8)
+    selected = changed = to_mask = 0
+    for b, (x, labels, weights) in enumerate(batches):
+        original = _unmasked(x, labels, weights)
+        for row, (first, second) in enumerate(pairs[8 * b: 8 * b + len(labels)]):
+            a, s = vocabulary.encode(first), vocabulary.encode(second)
+            # [CLS] a [SEP] b [SEP], segments 0 then 1, then padding.
+            expected = [data.CLS_ID] + a + [data.SEP_ID] + s + [data.SEP_ID]
+            assert len(expected) <= 32
+            np.testing.assert_array_equal(original[row, : len(expected)], expected)
+            assert not original[row, len(expected):].any()
+            segments = [0] * (len(a) + 2) + [1] * (len(s) + 1)
+            np.testing.assert_array_equal(x["segment_ids"][row, : len(segments)], segments)
+            np.testing.assert_array_equal(x["padding_mask"][row], original[row] != data.PAD_ID)
+            positions = x["mask_positions"][row][weights[row] > 0]
+            assert set(original[row, positions]).isdisjoint(
+                {data.PAD_ID, data.CLS_ID, data.SEP_ID})
+            selected += len(positions)
+            to_mask += (x["token_ids"][row, positions] == data.MASK_ID).sum()
+            changed += (x["token_ids"][row, positions] != original[row, positions]).sum()
+    real = sum((x["padding_mask"].sum() - 3 * len(x["token_ids"])) for x, _, _ in batches)
+    assert 0.10 < selected / real < 0.20  # 15% of the selectable tokens
+    assert 0.65 < to_mask / selected < 0.95  # 80% become [MASK]
+    assert to_mask < changed  # and some a random token
+    # Evaluation masks are drawn once: a second pass is the same.
+    for (x, labels, _), (y, again, _) in zip(batches, dataset.as_numpy_iterator()):
+        np.testing.assert_array_equal(x["token_ids"], y["token_ids"])
+        np.testing.assert_array_equal(labels, again)
+
+
+def test_training_stream_resumes_at_the_same_pairs(data, vocabulary):
+    pairs = [(a, b) for a, b in zip(TEXTS, TEXTS[1:])]
+    per_pass = len(pairs) // 8
+    stream = data.pair_batches(pairs, vocabulary, 24, 8, 6, seed=3)
+    first = [_unmasked(*b) for b in stream.take(per_pass + 3).as_numpy_iterator()]
+    k = per_pass + 1
+    resumed = data.pair_batches(pairs, vocabulary, 24, 8, 6, seed=3, start_step=k)
+    for a, b in zip(first[k:], resumed.take(2).as_numpy_iterator()):
+        np.testing.assert_array_equal(a, _unmasked(*b))
+    # Each pass is in another order.
+    assert any((a != b).any() for a, b in zip(first[:2], first[per_pass: per_pass + 2]))
+
+
+def test_testament_batches(data, vocabulary):
+    verses = [data.Verse("1:1:1", 1, TEXTS[0]), data.Verse("43:1:1", 43, TEXTS[2])]
+    (x, labels), = data.testament_batches(verses, vocabulary, 16, 4).as_numpy_iterator()
+    np.testing.assert_array_equal(labels, [0, 1])
+    assert x["token_ids"][0, 0] == data.CLS_ID and not x["segment_ids"].any()
+    np.testing.assert_array_equal(x["padding_mask"], x["token_ids"] != data.PAD_ID)
+
+
+# Metrics and baselines.
+
+
+class _Unigram:
+    """A stand-in model whose logits are the log-frequencies of `counts`."""
+
+    def __init__(self, log_p):
+        self.log_p = log_p
+
+    def predict_on_batch(self, x):
+        batch, masks = x["mask_positions"].shape
+        return np.broadcast_to(self.log_p, (batch, masks, len(self.log_p)))
+
+
+def test_evaluate_counts_every_real_mask_and_its_baselines(train, data, vocabulary):
+    pairs = [(a, b) for a, b in zip(TEXTS, TEXTS[1:])]
+    batches = data.pair_batches(pairs, vocabulary, 24, 8, 6, seed=0, shuffle=False)
+    counts = vocabulary.counts(TEXTS)
+    smoothed = counts.astype("float64") + 1
+    smoothed[:5] = 0
+    log_p = np.log(np.maximum(smoothed, 1e-300) / smoothed.sum())
+    results = train.evaluate(_Unigram(log_p), batches, counts)
+    labels = np.concatenate([y[w > 0] for _, y, w in batches.as_numpy_iterator()])
+    assert results["masks"] == len(labels)
+    # A model that is the unigram model scores as the unigram baseline.
+    assert results["most_frequent_token"] == int(np.argmax(counts[5:]) + 5)
+    np.testing.assert_allclose(results["accuracy"], results["most_frequent_accuracy"])
+    np.testing.assert_allclose(results["perplexity"], results["unigram_perplexity"], rtol=1e-6)
+    np.testing.assert_allclose(
+        results["unigram_perplexity"], math.exp(-log_p[labels].mean()), rtol=1e-6
+    )
+
+
+# The script.
+
+
+def test_tiny_run_pretrains_resumes_fine_tunes_fills_and_draws(tmp_path):
+    output = tmp_path / "run"
+    lines = harness.run_script(EXAMPLE / "train.py", "--tiny", "--output-dir", str(output))
+    assert lines[0] == f"backend: {keras.backend.backend()}"
+    accuracy = float(harness.last_line_value(lines, "masked_accuracy"))
+    assert 0.0 <= accuracy <= 1.0
+    text = "\n".join(lines)
+    assert re.search(r"learned a WordPiece vocabulary of (\d+) tokens \(asked 300\)", text)
+    assert re.search(r"step 3: loss \S+, accuracy \S+, val_loss \S+, val_accuracy", text)
+    assert re.search(r"masked accuracy \S+, perplexity \S+; baselines: most frequent token "
+                     r"\(.*\) accuracy \S+, unigram perplexity \S+", text)
+    assert re.search(r"testament accuracy: pretrained \S+, from scratch \S+", text)
+    fill = lines.index("fill-mask: In the beginning God created the [MASK] and the earth.")
+    assert re.fullmatch(r"  \[MASK\] at position \d+:", lines[fill + 1])
+    top = [re.fullmatch(rf"    {rank}\. (\S+) (\S+)", line)
+           for rank, line in enumerate(lines[fill + 2: fill + 7], start=1)]
+    assert all(top), lines[fill + 2: fill + 7]
+    probabilities = [float(match.group(2)) for match in top]
+    assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1
+    for name in ("model.keras", "vocabulary.txt", "checkpoint/model.weights.h5",
+                 "checkpoint/state.json", "checkpoint/vocabulary.txt"):
+        assert (output / name).exists(), name
+    assert (output / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (output / "checkpoint.tmp").exists()
+
+    # A second run with more steps resumes at step 6 and trains 3 more.
+    lines = harness.run_script(EXAMPLE / "train.py", "--tiny", "--steps", "9",
+                               "--output-dir", str(output))
+    assert f"resuming from step 6 of {output}" in lines
+    assert "trained 3 steps" in "\n".join(lines)
+    assert any(re.match(r"step 9: loss", line) for line in lines)
+    assert not any(re.match(r"step [36]: loss", line) for line in lines)
+    harness.last_line_value(lines, "masked_accuracy")
