@@ -23,6 +23,7 @@ from keras_attention.layers.transformer_encoder import TransformerEncoder
 from keras_attention.models import _keras_hub
 from keras_attention.models import beam_search
 from keras_attention.models import generation
+from keras_attention.models import layouts
 
 POSITIONS = ("sinusoidal", "learned")
 SAMPLING = ("greedy", "beam", "random", "top_k", "top_p")
@@ -539,6 +540,32 @@ class Seq2SeqTransformer(keras.Model):
                 reorder_caches=self._reorder_caches,
             )
         return self._generator
+
+    @staticmethod
+    def get_layout_map(
+        device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"
+    ):
+        """A `keras.distribution.LayoutMap` for tensor-parallel training.
+
+        The attention and feed-forward kernels and the embeddings are split
+        along `model_parallel_dim_name` (Megatron-style; the weight paths and
+        their shardings are listed in `keras_attention.models.layouts`),
+        biases and norms replicated. The heads (and the widths split) must
+        be divisible by that axis's size.
+
+        >>> mesh = keras.distribution.DeviceMesh(
+        ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
+        >>> distribution = keras.distribution.ModelParallel(
+        ...     layout_map=Seq2SeqTransformer.get_layout_map(mesh), batch_dim_name="batch")
+        >>> with distribution.scope():
+        ...     model = Seq2SeqTransformer(...)
+
+        Args:
+            device_mesh: a `keras.distribution.DeviceMesh`.
+            model_parallel_dim_name: the mesh axis the weights are split along.
+            data_parallel_dim_name: the mesh axis the batch is split along.
+        """
+        return layouts.layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name)
 
     @classmethod
     def from_keras_hub(cls, backbone, **kwargs):
