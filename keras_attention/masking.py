@@ -63,12 +63,18 @@ def causal_mask(query_length, key_length=None, query_start=None):
         key_length = query_length
     # Python ints, numpy integers and integer tensors (range-checked when
     # their value is known); floats are refused rather than truncated.
-    _validation.check_integer("query_length", query_length, minimum=1)
-    _validation.check_integer("key_length", key_length, minimum=1)
+    # A known value goes on as a Python int: torch's `arange` takes no numpy
+    # array.
+    def known(name, value, minimum=None):
+        number = _validation.check_integer(name, value, minimum)
+        return value if number is None else number
+
+    query_length = known("query_length", query_length, 1)
+    key_length = known("key_length", key_length, 1)
     if query_start is None:
         query_start = key_length - query_length
     else:
-        _validation.check_integer("query_start", query_start)
+        query_start = known("query_start", query_start)
     query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
         query_start, "int32"
     )  # (T,)
