@@ -75,7 +75,7 @@ def test_bert_base_has_keras_hub_parameter_count():
     theirs = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
     assert ours.count_params() == theirs.count_params() == 110_104_890
     assert ours.encoder.count_params() == backbone.count_params() == 109_482_240
-    assert sorted(v.shape for v in ours.weights) == sorted(
+    assert sorted(tuple(v.shape) for v in ours.weights) == sorted(
         tuple(v.shape) for v in theirs.weights
     )
 
