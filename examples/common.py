@@ -41,6 +41,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import time
 
@@ -398,6 +399,7 @@ def save_checkpoint(directory, model, step, config, save_extra=None):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_weights(tmp / "model.weights.h5")
+    fault_point("weights written")
     if save_extra is not None:
         save_extra(tmp)
     state = {"step": step, "config": dataclasses.asdict(config)}
@@ -405,6 +407,7 @@ def save_checkpoint(directory, model, step, config, save_extra=None):
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
+    fault_point("between the renames")
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -432,3 +435,58 @@ def checkpoint_callback(directory, config, save_extra=None):
 
     callback = keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
     return callback
+
+
+# Resuming.
+
+FAULT_ENV = "EXAMPLES_FAULT_POINT"
+_fault_counts = {}
+
+
+def fault_point(name):
+    """Kills the process (SIGKILL, as an out-of-memory killer or a lost
+    machine would) at the `n`-th pass through the point `name` when the
+    environment says `EXAMPLES_FAULT_POINT=name:n`: the fault tests use it to
+    interrupt a checkpoint mid-write."""
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted:
+        return
+    point, _, count = wanted.rpartition(":")
+    if point != name:
+        return
+    _fault_counts[name] = _fault_counts.get(name, 0) + 1
+    if _fault_counts[name] == int(count):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_resumed_config(saved, config, directory):
+    """Exits with a message naming every option of `config` (a dataclass)
+    that differs from the checkpoint's `saved` dict: a resumed run continues
+    the run it finds, so it cannot honour a changed model, data, schedule or
+    step count (the learning rate at each step depends on all of them)."""
+    current = dataclasses.asdict(config)
+    changed = [
+        f"{name}: {saved.get(name)!r} in the checkpoint, {value!r} now"
+        for name, value in current.items()
+        if saved.get(name) != value
+    ]
+    changed += [f"{name}: no longer an option" for name in saved if name not in current]
+    if changed:
+        sys.exit(
+            f"The checkpoint in {directory} was written with other options:\n  "
+            + "\n  ".join(changed)
+            + "\nRun with the checkpoint's options to resume it, or start over "
+            "with --fresh or another --output-dir."
+        )
+
+
+def resumed_step(model, saved_step):
+    """The optimizer's own step counter after loading a checkpoint, checked
+    against the step the checkpoint says it holds."""
+    step = _step(model)
+    if step != saved_step:
+        raise RuntimeError(
+            f"The checkpoint's weights hold optimizer step {step}, its state "
+            f"says {saved_step}: the checkpoint is inconsistent."
+        )
+    return step

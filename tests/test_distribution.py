@@ -18,6 +18,7 @@ import sys
 import keras
 import pytest
 
+from keras_attention.models import BertMaskedLM
 from keras_attention.models import GPT
 from keras_attention.models import Seq2SeqTransformer
 from keras_attention.models import layouts
@@ -49,16 +50,20 @@ def _expected_axes(path):
     return None  # biases and norms: replicated
 
 
-@pytest.mark.parametrize("model_class", [GPT, Seq2SeqTransformer])
+@pytest.mark.parametrize("model_class", [GPT, Seq2SeqTransformer, BertMaskedLM])
 def test_layout_map_shards_kernels_and_embeddings_and_replicates_the_rest(model_class):
     if model_class is GPT:
         model = GPT(vocabulary_size=16, max_sequence_length=8, num_layers=2, num_heads=2,
                     hidden_dim=8, intermediate_dim=16)
         model.build((None, None))
-    else:
+    elif model_class is Seq2SeqTransformer:
         model = Seq2SeqTransformer(16, 12, 8, 8, num_encoder_layers=1, num_decoder_layers=1,
                                    num_heads=2, hidden_dim=8, intermediate_dim=16,
                                    positions="learned")
+        model.build()
+    else:
+        model = BertMaskedLM(vocabulary_size=16, num_layers=2, num_heads=2, hidden_dim=8,
+                             intermediate_dim=16, max_sequence_length=8)
         model.build()
     layout_map = model_class.get_layout_map(_mesh())
     sharded = 0
@@ -71,9 +76,10 @@ def test_layout_map_shards_kernels_and_embeddings_and_replicates_the_rest(model_
             assert tuple(layout.axes) == expected, variable.path
             assert len(layout.axes) == len(variable.shape)
             sharded += 1
-    # Per block: Q, K, V, output, two feed-forward kernels (and cross-attention's four).
-    blocks = 2 * 6 if model_class is GPT else 6 + 10
-    assert sharded == blocks + (2 if model_class is GPT else 4)
+    # Per block: Q, K, V, output, two feed-forward kernels (and cross-attention's
+    # four); then the token and position tables.
+    expected = {GPT: 2 * 6 + 2, Seq2SeqTransformer: 6 + 10 + 4, BertMaskedLM: 2 * 6 + 2}
+    assert sharded == expected[model_class]
 
 
 def test_layout_map_names_its_axes():

@@ -7,16 +7,23 @@ tested in `test_examples_common.py`.
 """
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import keras
 import numpy as np
 import pytest
 
 import harness
+import keras_attention  # noqa: F401  (registers the models for loading)
 from harness import ROOT
 
 EXAMPLE = ROOT / "examples" / "gpt_lm"
+FAULT = "EXAMPLES_FAULT_POINT"  # examples/common.py's fault_point
 
 
 def _load(name):
@@ -36,26 +43,75 @@ def _val_loss(lines):
     return float(harness.last_line_value(lines, "val_loss"))
 
 
+def _run_killed(args, env=None, after=None):
+    """Runs train.py until it dies: by its own fault point (`env`) or by a
+    SIGKILL `after` seconds; returns True if it was killed."""
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **(env or {}))
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLE / "train.py"), *args], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        process.wait(timeout=after)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    return process.returncode == -signal.SIGKILL
+
+
+def _final_weights(output):
+    model = keras.saving.load_model(output / "model.keras")
+    return [harness.to_numpy(w) for w in model.weights]
+
+
 def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
-    output = str(tmp_path / "run")
-    lines = _run("train.py", "--tiny", "--output-dir", output)
+    output = tmp_path / "run"
+    start = time.perf_counter()
+    lines = _run("train.py", "--tiny", "--output-dir", str(output))
+    seconds = time.perf_counter() - start
     assert lines[0] == f"backend: {keras.backend.backend()}"
     first = _val_loss(lines)
     assert any(re.match(r"step 3: loss \S+, val_loss \S+", line) for line in lines)
     assert any(line.startswith("---- sample at step 6") for line in lines)
-    assert (tmp_path / "run" / "model.keras").exists()
+    assert (output / "model.keras").exists()
+    log = (output / "log.csv").read_text().splitlines()
+    assert log[0].split(",")[0] == "epoch" and len(log) == 3  # two intervals
 
-    # A second run with more steps resumes at step 6 and trains 3 more.
-    lines = _run("train.py", "--tiny", "--steps", "9", "--output-dir", output)
+    # Run again: it finds the finished run and trains nothing.
+    lines = _run("train.py", "--tiny", "--output-dir", str(output))
     assert f"resuming from step 6 of {output}" in lines
-    assert "trained 3 steps" in "\n".join(lines)
-    assert any(re.match(r"step 9: loss", line) for line in lines)
-    assert not any(re.match(r"step [36]: loss", line) for line in lines)
-    assert _val_loss(lines) != first
+    assert "trained 0 steps" in "\n".join(lines)
+    assert _val_loss(lines) == first
+
+    # Other options are refused, naming each (the schedule depends on --steps).
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE / "train.py"), "--tiny", "--steps", "9",
+         "--learning-rate", "0.01", "--output-dir", str(output)],
+        cwd=ROOT, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode != 0
+    assert "steps: 6 in the checkpoint, 9 now" in result.stderr
+    assert "learning_rate: 0.001 in the checkpoint, 0.01 now" in result.stderr
+
+    # Killed while writing its first checkpoint, then between the renames of
+    # its second, then at a moment of the clock's choosing, and resumed each
+    # time: it ends with the uninterrupted run's weights.
+    killed = tmp_path / "killed"
+    args = ("--tiny", "--output-dir", str(killed))
+    assert _run_killed(args, {FAULT: "weights written:1"})
+    assert not (killed / "checkpoint").exists()  # nothing half-written is read
+    assert _run_killed(args, {FAULT: "between the renames:2"})
+    assert (killed / "checkpoint.old" / "state.json").exists()  # step 3 survives
+    _run_killed(args, after=0.6 * seconds)  # may or may not have finished
+    lines = _run("train.py", *args)
+    for want, got in zip(_final_weights(output), _final_weights(killed)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert _val_loss(lines) == pytest.approx(float(first), abs=1e-4)
 
     # The saved model (loaded in safe mode) writes text after a prompt; 24
     # characters need one slide of the 16-character context.
-    args = ("--output-dir", output, "--prompt", "ROMEO:", "--length", "24", "--seed", "3")
+    args = ("--output-dir", str(output), "--prompt", "ROMEO:", "--length", "24", "--seed", "3")
     text = "\n".join(_run("sample.py", *args))
     assert text.startswith("ROMEO:")
     assert len(text) == len("ROMEO:") + 24

@@ -12,16 +12,17 @@ Usage:
     python examples/gpt_lm/train.py --backend jax              # or tensorflow, torch
     python examples/gpt_lm/train.py --tiny                     # seconds, for tests
 
-A run that finds a checkpoint in `--output-dir` resumes from it (same steps,
-same batches, optimizer state and schedule included); `--fresh` starts over.
+A run that finds a checkpoint in `--output-dir` resumes from it (same batches,
+optimizer state and schedule included), and refuses options other than the
+checkpoint's; `--fresh` starts over. Checkpoints are written atomically, so a
+run killed at any moment resumes to the weights an uninterrupted run ends
+with. The metrics of every interval go to `log.csv` in the output directory.
 The last line printed is `val_loss: <value>`, the mean cross-entropy in nats
 per token over the whole validation split.
 """
 
 import argparse
 import dataclasses
-import json
-import os
 import pathlib
 import sys
 import time
@@ -76,6 +77,8 @@ class Config:
     temperature: float = 0.8
     top_k: int | None = 40
     seed: int = 1337
+    # Precision: None (float32), "bfloat16" or "float16" (with loss scaling).
+    mixed_precision: str | None = None
 
 
 PRESETS = {
@@ -240,24 +243,21 @@ class Checkpoint(keras.callbacks.Callback):
 
 
 def save_checkpoint(directory, model, config, tokenizer, step):
-    directory.mkdir(parents=True, exist_ok=True)
-    weights = directory / "checkpoint.weights.h5"
-    model.save_weights(directory / "tmp.weights.h5")
-    os.replace(directory / "tmp.weights.h5", weights)
-    state = {"step": step, "config": dataclasses.asdict(config)}
-    (directory / "tmp_state.json").write_text(json.dumps(state, indent=1))
-    data.save_tokenizer(tokenizer, directory / "tokenizer.json")
-    os.replace(directory / "tmp_state.json", directory / "state.json")
+    """`common.save_checkpoint` (atomic) with the tokenizer beside the weights."""
+    common.save_checkpoint(
+        directory, model, step, config,
+        save_extra=lambda folder: data.save_tokenizer(tokenizer, folder / "tokenizer.json"),
+    )
 
 
 def load_checkpoint(directory):
-    """`(step, config dict, tokenizer)` of the checkpoint in `directory`, or None."""
-    directory = pathlib.Path(directory)
-    if not (directory / "state.json").exists():
+    """`(step, config dict, tokenizer, folder)` of the checkpoint in
+    `directory`, or None."""
+    found = common.load_checkpoint(directory)
+    if found is None:
         return None
-    state = json.loads((directory / "state.json").read_text())
-    tokenizer = data.load_tokenizer(directory / "tokenizer.json")
-    return state["step"], state["config"], tokenizer
+    step, config, folder = found
+    return step, config, data.load_tokenizer(folder / "tokenizer.json"), folder
 
 
 # Main.
@@ -276,12 +276,16 @@ def parse_args(argv=None):
     parser.add_argument("--source", help="corpus path or URL (default: shipped)")
     parser.add_argument("--cache-dir", help="where a downloaded corpus is kept")
     parser.add_argument("--tokenizer", choices=["char", "bpe"])
-    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16")
+    parser.add_argument(
+        "--mixed-precision", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
+        help="bfloat16 (the default when given alone) or float16 with loss scaling",
+    )
     parser.add_argument("--jit", action="store_true", help="jit_compile=True")
     args = parser.parse_args(argv)
     config = Config(**PRESETS["tiny" if args.tiny else args.config])
     for name in (
-        "steps", "eval_interval", "learning_rate", "source", "cache_dir", "tokenizer"
+        "steps", "eval_interval", "learning_rate", "source", "cache_dir", "tokenizer",
+        "mixed_precision",
     ):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
@@ -296,27 +300,31 @@ def parse_args(argv=None):
 def main(argv=None):
     args, config = parse_args(argv)
     print(f"backend: {keras.backend.backend()}")
-    if args.mixed_precision:
-        keras.config.set_dtype_policy("mixed_bfloat16")
+    if config.mixed_precision:
+        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
     keras.utils.set_random_seed(config.seed)
     output = pathlib.Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
 
     start_step, tokenizer = 0, None
     checkpoint = None if args.fresh else load_checkpoint(output)
     if checkpoint is not None:
-        start_step, saved, tokenizer = checkpoint
-        # The model and data must be those of the checkpoint; only the number
-        # of steps may grow.
-        steps = config.steps
-        config = Config(**{**saved, "steps": max(steps, saved["steps"])})
-        print(f"resuming from step {start_step} of {output}")
+        saved_step, saved, tokenizer, folder = checkpoint
+        # A resumed run continues the run it finds: every option must be
+        # that run's (the schedule depends on the steps, the data on the rest).
+        common.check_resumed_config(saved, config, output)
+        start_step = saved_step  # where the batches continue
+        print(f"resuming from step {saved_step} of {output}")
     print(config)
 
     tokenizer, train, val, val_ids = make_data(config, start_step, tokenizer)
     model = build_model(config, tokenizer.vocabulary_size)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
-        model.load_weights(output / "checkpoint.weights.h5")
+        # The weights file holds the optimizer's moments and step counter:
+        # the step is read back from the optimizer itself.
+        model.load_weights(folder / "model.weights.h5")
+        start_step = common.resumed_step(model, saved_step)
     print(
         f"vocabulary: {tokenizer.vocabulary_size} tokens ({tokenizer.kind}), "
         f"parameters: {model.count_params():,}"
@@ -332,7 +340,8 @@ def main(argv=None):
             epochs=epochs,
             steps_per_epoch=config.eval_interval,
             validation_data=val,
-            callbacks=[checkpointer],
+            # The metrics of every interval, appended across resumes.
+            callbacks=[checkpointer, keras.callbacks.CSVLogger(output / "log.csv", append=True)],
             shuffle=False,  # the batches are random windows already
             verbose=0,
         )
