@@ -36,7 +36,7 @@ def _mesh():
 def _expected_axes(path):
     """The sharding `layouts` documents for a weight path."""
     if path.endswith("token_embedding/embeddings"):
-        return ("model", None)
+        return (None, "model")
     if path.endswith("position_embedding/embeddings"):
         return (None, "model")
     if "_attention/" in path and path.rsplit("/", 2)[-2] in ("query", "key", "value"):

@@ -35,8 +35,8 @@ def data():
     return _load("data")
 
 
-def _run(script, *args):
-    return harness.run_script(EXAMPLE / script, *args)
+def _run(script, *args, env=None):
+    return harness.run_script(EXAMPLE / script, *args, env=env)
 
 
 def _val_loss(lines):
@@ -115,6 +115,35 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     text = "\n".join(_run("sample.py", *args))
     assert text.startswith("ROMEO:")
     assert len(text) == len("ROMEO:") + 24
+
+
+def test_tiny_run_on_several_devices_matches_one_device(tmp_path):
+    """`--distribute`: JAX data and model parallel over 4 virtual CPU devices,
+    TensorFlow's MirroredStrategy (one replica per device here: the CPU);
+    torch is refused with a message."""
+    backend = keras.backend.backend()
+    args = ("--tiny", "--fresh")
+    if backend == "torch":
+        result = subprocess.run(
+            [sys.executable, str(EXAMPLE / "train.py"), *args, "--distribute", "data",
+             "--output-dir", str(tmp_path / "t")],
+            cwd=ROOT, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True,
+            text=True, timeout=600,
+        )
+        assert result.returncode != 0
+        assert "no distribution engine for torch" in result.stderr
+        return
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    one = _run("train.py", *args, "--output-dir", str(tmp_path / "one"), env=env)
+    kinds = ("data", "model") if backend == "jax" else ("data",)
+    for kind in kinds:
+        lines = _run(
+            "train.py", *args, "--distribute", kind, "--output-dir", str(tmp_path / kind),
+            env=env,
+        )
+        expected = "devices: 4" if backend == "jax" else "devices: 1 replicas"
+        assert any(line.startswith(expected) for line in lines), lines[:5]
+        assert float(_val_loss(lines)) == pytest.approx(float(_val_loss(one)), abs=1e-4)
 
 
 def test_byte_pair_tokenizer_round_trips_and_refuses_unknown_characters(

@@ -11,6 +11,7 @@ Usage:
     python examples/gpt_lm/train.py --config gpu --mixed-precision --jit
     python examples/gpt_lm/train.py --backend jax              # or tensorflow, torch
     python examples/gpt_lm/train.py --tiny                     # seconds, for tests
+    python examples/gpt_lm/train.py --backend jax --distribute data   # every device
 
 A run that finds a checkpoint in `--output-dir` resumes from it (same batches,
 optimizer state and schedule included), and refuses options other than the
@@ -29,6 +30,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
+import distribute  # noqa: E402
 
 common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -281,6 +283,10 @@ def parse_args(argv=None):
         help="bfloat16 (the default when given alone) or float16 with loss scaling",
     )
     parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    parser.add_argument(
+        "--distribute", choices=distribute.CHOICES,
+        help="data or model parallel over every device (examples/distribute.py)",
+    )
     args = parser.parse_args(argv)
     config = Config(**PRESETS["tiny" if args.tiny else args.config])
     for name in (
@@ -318,11 +324,20 @@ def main(argv=None):
     print(config)
 
     tokenizer, train, val, val_ids = make_data(config, start_step, tokenizer)
+    # Built, compiled and trained inside the distribution's scope (a no-op on
+    # one device).
+    with distribute.scope(args.distribute, GPT):
+        print(distribute.describe(args.distribute))
+        return _train(args, config, output, checkpoint, start_step, tokenizer, train, val, val_ids)
+
+
+def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, val_ids):
     model = build_model(config, tokenizer.vocabulary_size)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
         # The weights file holds the optimizer's moments and step counter:
         # the step is read back from the optimizer itself.
+        saved_step, _, _, folder = checkpoint
         model.load_weights(folder / "model.weights.h5")
         start_step = common.resumed_step(model, saved_step)
     print(

@@ -15,7 +15,7 @@ reduction. The weight paths (the keys are these regular expressions with
 `variable.path`):
 
     path                                              shape        sharding
-    (token_embedding|source_token_embedding)/embeddings (V, D)     (model, None)
+    token_embedding/embeddings (also the source's)    (V, D)       (None, model)
     position_embedding/embeddings                     (L, D)       (None, model)
     _attention/(query|key|value)/kernel               (D, H|G, K)  (None, model, None)
     _attention/attention_output/kernel                (H, V, D)    (model, None, None)
@@ -24,7 +24,9 @@ reduction. The weight paths (the keys are these regular expressions with
     everything else: biases, norms                    any          replicated
 
 A sharded axis must be divisible by the size of the mesh's `model` axis
-(the heads: `num_heads` and `num_key_value_heads`). Weights are replicated
+(the heads: `num_heads` and `num_key_value_heads`; the widths). Tables are
+split along their width, not their rows: vocabularies rarely divide (65
+characters, GPT-2's 50,257 tokens). Weights are replicated
 along the data-parallel axis; `keras.distribution.ModelParallel(layout_map=
 ..., batch_dim_name=data_parallel_dim_name)` splits the batch along it.
 Users with other needs add or replace keys of the returned map.
@@ -33,7 +35,7 @@ Users with other needs add or replace keys of the returned map.
 import keras
 
 RULES = (
-    (r"token_embedding/embeddings", ("model", None)),
+    (r"token_embedding/embeddings", (None, "model")),
     (r"position_embedding/embeddings", (None, "model")),
     (r"_attention/(query|key|value)/kernel", (None, "model", None)),
     (r"_attention/attention_output/kernel", ("model", None, None)),
