@@ -20,7 +20,7 @@ ENCODER_ARGUMENTS = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class BertMaskedLM(keras.Model):
+class BertMaskedLM(layouts.TensorParallel, keras.Model):
     """BERT pretrained by masking: logits for the tokens at masked positions.
 
     `BertEncoder` (token + learned position + segment embeddings, layer
@@ -236,32 +236,6 @@ class BertMaskedLM(keras.Model):
                 for m in range(count)
             ])
         return results
-
-    @staticmethod
-    def get_layout_map(
-        device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"
-    ):
-        """A `keras.distribution.LayoutMap` for tensor-parallel training.
-
-        The attention and feed-forward kernels and the embeddings are split
-        along `model_parallel_dim_name` (Megatron-style; the weight paths and
-        their shardings are listed in `keras_attention.models.layouts`),
-        biases and norms replicated. The heads (and the widths split) must
-        be divisible by that axis's size.
-
-        >>> mesh = keras.distribution.DeviceMesh(
-        ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
-        >>> distribution = keras.distribution.ModelParallel(
-        ...     layout_map=BertMaskedLM.get_layout_map(mesh), batch_dim_name="batch")
-        >>> with distribution.scope():
-        ...     model = BertMaskedLM(...)
-
-        Args:
-            device_mesh: a `keras.distribution.DeviceMesh`.
-            model_parallel_dim_name: the mesh axis the weights are split along.
-            data_parallel_dim_name: the mesh axis the batch is split along.
-        """
-        return layouts.layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name)
 
     @classmethod
     def from_keras_hub(cls, model, **kwargs):

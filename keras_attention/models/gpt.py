@@ -24,7 +24,7 @@ from keras_attention.models import layouts
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class GPT(keras.Model):
+class GPT(layouts.TensorParallel, keras.Model):
     """A decoder-only Transformer language model (GPT-2 by default).
 
     token ids -> token embedding + learned position embedding -> dropout ->
@@ -348,32 +348,6 @@ class GPT(keras.Model):
             name, ids, self.vocabulary_size, self.max_sequence_length,
             "max_sequence_length",
         )
-
-    @staticmethod
-    def get_layout_map(
-        device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"
-    ):
-        """A `keras.distribution.LayoutMap` for tensor-parallel training.
-
-        The attention and feed-forward kernels and the embeddings are split
-        along `model_parallel_dim_name` (Megatron-style; the weight paths and
-        their shardings are listed in `keras_attention.models.layouts`),
-        biases and norms replicated. The heads (and the widths split) must
-        be divisible by that axis's size.
-
-        >>> mesh = keras.distribution.DeviceMesh(
-        ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
-        >>> distribution = keras.distribution.ModelParallel(
-        ...     layout_map=GPT.get_layout_map(mesh), batch_dim_name="batch")
-        >>> with distribution.scope():
-        ...     model = GPT(...)
-
-        Args:
-            device_mesh: a `keras.distribution.DeviceMesh`.
-            model_parallel_dim_name: the mesh axis the weights are split along.
-            data_parallel_dim_name: the mesh axis the batch is split along.
-        """
-        return layouts.layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name)
 
     @classmethod
     def from_keras_hub(cls, backbone, **kwargs):

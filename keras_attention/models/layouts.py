@@ -79,3 +79,34 @@ def layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_n
     for path, axes in RULES:
         layouts[".*" + path] = tuple(model_parallel_dim_name if a == "model" else a for a in axes)
     return layouts
+
+
+class TensorParallel:
+    """What the package's models share for `keras.distribution`: the
+    `get_layout_map` of KerasHub's backbones."""
+
+    @staticmethod
+    def get_layout_map(
+        device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"
+    ):
+        """A `keras.distribution.LayoutMap` for tensor-parallel training.
+
+        The attention and feed-forward kernels and the embedding tables are
+        split along `model_parallel_dim_name` (Megatron-style; the weight
+        paths and their shardings are listed in `keras_attention.models.layouts`),
+        biases and norms replicated. The heads (and the widths split) must
+        be divisible by that axis's size.
+
+        >>> mesh = keras.distribution.DeviceMesh(
+        ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
+        >>> distribution = keras.distribution.ModelParallel(
+        ...     layout_map=GPT.get_layout_map(mesh), batch_dim_name="batch")
+        >>> with distribution.scope():
+        ...     model = GPT(...)  # or Seq2SeqTransformer, BertMaskedLM
+
+        Args:
+            device_mesh: a `keras.distribution.DeviceMesh`.
+            model_parallel_dim_name: the mesh axis the weights are split along.
+            data_parallel_dim_name: the mesh axis the batch is split along.
+        """
+        return layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name)

@@ -30,7 +30,7 @@ SAMPLING = ("greedy", "beam", "random", "top_k", "top_p")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class Seq2SeqTransformer(keras.Model):
+class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
     """An encoder-decoder Transformer (the paper's base model by default).
 
     source ids -> token embedding * sqrt(D) + positions -> `num_encoder_layers`
@@ -540,32 +540,6 @@ class Seq2SeqTransformer(keras.Model):
                 reorder_caches=self._reorder_caches,
             )
         return self._generator
-
-    @staticmethod
-    def get_layout_map(
-        device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"
-    ):
-        """A `keras.distribution.LayoutMap` for tensor-parallel training.
-
-        The attention and feed-forward kernels and the embeddings are split
-        along `model_parallel_dim_name` (Megatron-style; the weight paths and
-        their shardings are listed in `keras_attention.models.layouts`),
-        biases and norms replicated. The heads (and the widths split) must
-        be divisible by that axis's size.
-
-        >>> mesh = keras.distribution.DeviceMesh(
-        ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
-        >>> distribution = keras.distribution.ModelParallel(
-        ...     layout_map=Seq2SeqTransformer.get_layout_map(mesh), batch_dim_name="batch")
-        >>> with distribution.scope():
-        ...     model = Seq2SeqTransformer(...)
-
-        Args:
-            device_mesh: a `keras.distribution.DeviceMesh`.
-            model_parallel_dim_name: the mesh axis the weights are split along.
-            data_parallel_dim_name: the mesh axis the batch is split along.
-        """
-        return layouts.layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name)
 
     @classmethod
     def from_keras_hub(cls, backbone, **kwargs):
