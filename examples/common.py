@@ -459,16 +459,17 @@ def fault_point(name):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def check_resumed_config(saved, config, directory):
+def check_resumed_config(saved, config, directory, honoured=()):
     """Exits with a message naming every option of `config` (a dataclass)
-    that differs from the checkpoint's `saved` dict: a resumed run continues
-    the run it finds, so it cannot honour a changed model, data, schedule or
-    step count (the learning rate at each step depends on all of them)."""
+    that differs from the checkpoint's `saved` dict, except those in
+    `honoured` (which the resumed run takes as given): a resumed run
+    continues the run it finds, so it cannot honour a changed model, data or
+    schedule (the learning rate at each step depends on them)."""
     current = dataclasses.asdict(config)
     changed = [
         f"{name}: {saved.get(name)!r} in the checkpoint, {value!r} now"
         for name, value in current.items()
-        if saved.get(name) != value
+        if saved.get(name) != value and name not in honoured
     ]
     changed += [f"{name}: no longer an option" for name in saved if name not in current]
     if changed:

@@ -401,6 +401,17 @@ def test_tiny_run_trains_resumes_draws_and_translates(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (output / "checkpoint.tmp").exists()
 
+    # Another option than the checkpoint's is refused, naming it.
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE / "train.py"), "--tiny", "--eval-interval", "2",
+         "--steps", "8", "--output-dir", str(output)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+    )
+    assert result.returncode != 0
+    assert "eval_interval: 3 in the checkpoint, 2 now" in result.stderr
+    assert "steps:" not in result.stderr  # honoured: the schedule ignores it
+
     # A second run with more steps resumes at step 6 and trains 3 more.
     lines = _run("train.py", "--tiny", "--steps", "9", "--output-dir", str(output))
     assert f"resuming from step 6 of {output}" in lines
@@ -408,6 +419,8 @@ def test_tiny_run_trains_resumes_draws_and_translates(tmp_path):
     assert any(re.match(r"step 9: loss", line) for line in lines)
     assert not any(re.match(r"step [36]: loss", line) for line in lines)
     harness.last_line_value(lines, "bleu")
+    log = (output / "log.csv").read_text().splitlines()
+    assert log[0].startswith("epoch") and len(log) == 4  # three intervals, two runs
 
     # The saved model (loaded in safe mode) translates, one line a sentence.
     sentences = ("In the beginning.", "Jesus wept.", "God said.")

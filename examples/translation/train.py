@@ -82,6 +82,8 @@ class Config:
     eval_batch_size: int = 64
     num_samples: int = 3
     seed: int = 1
+    # Precision: None (float32), "bfloat16" or "float16" (with loss scaling).
+    mixed_precision: str | None = None
 
 
 PRESETS = {
@@ -304,6 +306,8 @@ def train(model, config, datasets, output, start_step):
             callbacks=[
                 common.progress_callback(config.progress_seconds),
                 common.checkpoint_callback(output, config, datasets["tokenizer"].save),
+                # The metrics of every interval, appended across resumes.
+                keras.callbacks.CSVLogger(output / "log.csv", append=True),
             ],
             shuffle=False,  # the stream is shuffled already
             verbose=0,
@@ -432,11 +436,14 @@ def parse_args(argv=None):
     parser.add_argument("--source", help="pair file path or URL (default: shipped)")
     parser.add_argument("--cache-dir", help="where a downloaded pair file is kept")
     parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
-    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16")
+    parser.add_argument(
+        "--mixed-precision", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
+        help="bfloat16 (the default when given alone) or float16 with loss scaling",
+    )
     parser.add_argument("--jit", action="store_true", help="jit_compile=True")
     args = parser.parse_args(argv)
     config = Config(**PRESETS["tiny" if args.tiny else args.config])
-    for name in ("steps", "eval_interval", "source", "cache_dir", "layout"):
+    for name in ("steps", "eval_interval", "source", "cache_dir", "layout", "mixed_precision"):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
     if config.steps % config.eval_interval:
@@ -450,20 +457,21 @@ def parse_args(argv=None):
 def main(argv=None):
     args, config = parse_args(argv)
     print(f"backend: {keras.backend.backend()}")
-    if args.mixed_precision:
-        keras.config.set_dtype_policy("mixed_bfloat16")
+    if config.mixed_precision:
+        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
     keras.utils.set_random_seed(config.seed)
     output = pathlib.Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
 
     start_step, tokenizer = 0, None
     checkpoint = None if args.fresh else common.load_checkpoint(output)
     if checkpoint is not None:
-        start_step, saved, path = checkpoint
+        saved_step, saved, path = checkpoint
         tokenizer = data.PairTokenizer.load(path)
-        # The data and model must be those of the checkpoint; only the
-        # number of steps may grow.
-        steps = config.steps
-        config = Config(**{**saved, "steps": max(steps, saved["steps"])})
+        # The data, model and schedule must be the checkpoint's; the number
+        # of steps may change (the warm-up schedule does not depend on it).
+        common.check_resumed_config(saved, config, output, honoured=("steps",))
+        start_step = saved_step  # where the batches continue
         print(f"resuming from step {start_step} of {output}")
     print(config)
 
@@ -472,7 +480,9 @@ def main(argv=None):
     model = build_model(config, tokenizer)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
+        # The step is read back from the optimizer's own counter.
         model.load_weights(path / "model.weights.h5")
+        start_step = common.resumed_step(model, saved_step)
     print(
         f"vocabularies: {tokenizer.source_vocabulary_size} source, "
         f"{tokenizer.target_vocabulary_size} target tokens; parameters: "
