@@ -491,3 +491,22 @@ def resumed_step(model, saved_step):
             f"says {saved_step}: the checkpoint is inconsistent."
         )
     return step
+
+
+# Pictures.
+
+
+def save_head_panels(figure, heads, columns, path):
+    """Saves a `visualization.plot_attention` figure of `heads` panels in
+    `columns` columns as a PNG at `path`. The panels share their tokens, so
+    the rows are labelled on the left column only and the columns on the
+    bottom panels only: no labels overlap a panel."""
+    columns = min(heads, columns)
+    for index, axes in enumerate(figure.axes[:heads]):
+        if index % columns:
+            axes.tick_params(labelleft=False)
+        if index + columns < heads:
+            axes.tick_params(labelbottom=False)
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")

@@ -384,17 +384,7 @@ def plot_attention_heads(model, vocabulary, sentence, layer, path):
         weights, query_labels=tokens, key_labels=tokens, title=f"{name}: {sentence}",
         columns=2, panel_size=max(3.0, 0.3 * len(tokens)),
     )
-    # The panels share their tokens: rows labelled on the left column only,
-    # columns on the bottom row only, so no labels overlap a panel.
-    heads, columns = weights.shape[0], min(weights.shape[0], 2)
-    for index, axes in enumerate(figure.axes[:heads]):
-        if index % columns:
-            axes.tick_params(labelleft=False)
-        if index + columns < heads:
-            axes.tick_params(labelbottom=False)
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    common.save_head_panels(figure, weights.shape[0], 2, path)
     print(f"attention of {name} saved to {path}")
 
 

@@ -407,17 +407,7 @@ def plot_cross_attention(model, tokenizer, text, path):
         columns=2,
         panel_size=max(3.0, 0.2 * max(weights.shape[1:])),
     )
-    # The panels share their tokens: label the rows on the left column only,
-    # the columns on the bottom panels only, so no labels overlap a panel.
-    heads, columns = weights.shape[0], min(weights.shape[0], 2)
-    for index, axes in enumerate(figure.axes[:heads]):
-        if index % columns:
-            axes.tick_params(labelleft=False)
-        if index + columns < heads:
-            axes.tick_params(labelbottom=False)
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    common.save_head_panels(figure, weights.shape[0], 2, path)
     print(f"cross-attention of {name} saved to {path}")
 
 
