@@ -13,6 +13,9 @@
 - `consecutive_windows`: the validation split in consecutive windows.
 - `Ticker`, `progress_callback`: a progress line at least every N seconds
   while `model.fit` runs, and one per interval with the validation metrics.
+- `training_parser`, `config_from_args`: the command line every training
+  script shares (preset, `--tiny`, steps, output folder, data source,
+  `--mixed-precision`, `--jit`, `--distribute`) and the config it makes.
 - `save_checkpoint`, `load_checkpoint`, `checkpoint_callback`: an atomic
   checkpoint (weights with the optimizer state, the step, the config, and
   whatever else an example writes beside them, such as its vocabulary) that
@@ -35,6 +38,7 @@ keras nor TensorFlow at import time (`select_backend` must run before keras
 is imported); the functions that need them import them when called.
 """
 
+import argparse
 import dataclasses
 import gzip
 import json
@@ -380,12 +384,60 @@ def progress_callback(seconds, metrics=("loss", "accuracy")):
     return callback
 
 
+# The command line.
+
+
+def training_parser(description, output_dir, source_help="corpus path or URL (default: shipped)"):
+    """An `argparse` parser with the options every training script takes;
+    a script adds its own, then calls `config_from_args`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
+    parser.add_argument("--backend", choices=BACKENDS)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--output-dir", default=output_dir)
+    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
+    parser.add_argument("--source", help=source_help)
+    parser.add_argument("--cache-dir", help="where a downloaded source is kept")
+    parser.add_argument(
+        "--mixed-precision", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
+        help="bfloat16 (the default when given alone) or float16 with loss scaling",
+    )
+    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    parser.add_argument(
+        "--distribute", choices=("data", "model"),
+        help="data or model parallel over every device (examples/distribute.py)",
+    )
+    return parser
+
+
+def config_from_args(parser, args, presets, config_class, options=()):
+    """The preset `args` name (`tiny` with `--tiny`) as a `config_class`,
+    with the shared options and those in `options` (attribute names) that the
+    command line gives; `--steps` must be a whole number of evaluation
+    intervals."""
+    config = config_class(**presets["tiny" if args.tiny else args.config])
+    shared = ("steps", "eval_interval", "source", "cache_dir", "mixed_precision")
+    for name in (*shared, *options):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    if config.steps % config.eval_interval:
+        parser.error(
+            f"--steps ({config.steps}) must be a multiple of the evaluation "
+            f"interval ({config.eval_interval})"
+        )
+    return config
+
+
 # Checkpoints.
 
 
 def save_checkpoint(directory, model, step, config, save_extra=None):
     """Writes `directory/checkpoint/`: `model.weights.h5` (with the optimizer's
-    moments and step counter, so a schedule continues), `state.json` (the
+    moments and step counter, so a schedule continues), `seed_states.npz`
+    (the dropout layers' random states, which Keras leaves out of the weights
+    file: without them a resumed run would drop other units), `state.json` (the
     step and the config, a dataclass) and what `save_extra(folder)` writes
     (e.g. a vocabulary).
 
@@ -399,6 +451,7 @@ def save_checkpoint(directory, model, step, config, save_extra=None):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_weights(tmp / "model.weights.h5")
+    _save_seed_states(model, tmp / "seed_states.npz")
     fault_point("weights written")
     if save_extra is not None:
         save_extra(tmp)
@@ -410,6 +463,35 @@ def save_checkpoint(directory, model, step, config, save_extra=None):
     fault_point("between the renames")
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _seed_states(model):
+    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+
+def _save_seed_states(model, path):
+    import keras
+
+    states = [keras.ops.convert_to_numpy(v) for v in _seed_states(model)]
+    with open(path, "wb") as f:
+        np.savez(f, *states)
+
+
+def load_weights(model, folder):
+    """Loads the weights, optimizer state and dropout random states that
+    `save_checkpoint` wrote in `folder` into `model` (built and compiled as
+    when it was saved)."""
+    model.load_weights(pathlib.Path(folder) / "model.weights.h5")
+    with np.load(pathlib.Path(folder) / "seed_states.npz") as saved:
+        states = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    variables = _seed_states(model)
+    if len(states) != len(variables):
+        raise ValueError(
+            f"The checkpoint in {folder} holds {len(states)} random states, the "
+            f"model has {len(variables)}: it was written by another model."
+        )
+    for variable, state in zip(variables, states):
+        variable.assign(state)
 
 
 def load_checkpoint(directory):

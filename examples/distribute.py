@@ -11,7 +11,9 @@ holding all the weights; `--distribute model` also splits the weights
   for `data`; Keras's TensorFlow backend has no tensor-parallel engine;
 - torch: Keras has no distribution engine for torch.
 
-The model must be built, compiled and trained inside the scope.
+The model must be built, compiled and trained inside the scope. On JAX every
+batch is split evenly over the devices of the batch axis, so `even_batches`
+pads a last, smaller batch with rows of weight 0.
 """
 
 import contextlib
@@ -77,3 +79,47 @@ def describe(kind):
     import tensorflow as tf
 
     return f"devices: {tf.distribute.get_strategy().num_replicas_in_sync} replicas (data parallel)"
+
+
+def batch_multiple(kind):
+    """What every batch size must be a multiple of under `kind`: JAX splits
+    each batch evenly over the mesh's batch axis; TensorFlow's
+    MirroredStrategy splits uneven batches itself (1)."""
+    import keras
+
+    if kind is None or keras.backend.backend() != "jax":
+        return 1
+    from keras import distribution
+
+    devices = len(distribution.list_devices())
+    return devices if kind == "data" else devices // MODEL_AXIS
+
+
+def even_batches(dataset, kind):
+    """`dataset`, batches of `(x, y)` or `(x, y, sample_weight)`, with each
+    batch padded by rows of zeros (weight 0) to a multiple of
+    `batch_multiple(kind)`, so that no example is dropped. Batches without
+    weights get weights of 1 shaped like `y`.
+
+    The padded rows add nothing to a loss or metric reduced over the sample
+    weights (`"mean_with_sample_weight"`, weighted metrics); Keras's running
+    mean of the per-batch losses still weighs a padded batch by its rows.
+    """
+    multiple = batch_multiple(kind)
+    if multiple == 1:
+        return dataset
+    import tensorflow as tf
+
+    def pad(x, y, sample_weight=None):
+        if sample_weight is None:
+            sample_weight = tf.ones_like(y, "float32")
+        rows = tf.shape(y)[0]
+        extra = (multiple - rows % multiple) % multiple
+
+        def pad_rows(tensor):
+            padding = [[0, extra]] + [[0, 0]] * (len(tensor.shape) - 1)
+            return tf.pad(tensor, padding)
+
+        return tf.nest.map_structure(pad_rows, (x, y, sample_weight))
+
+    return dataset.map(pad)

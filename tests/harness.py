@@ -18,6 +18,7 @@ import math
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 
@@ -249,3 +250,54 @@ def last_line_value(lines, name):
     assert match, f"last line is not `{name}: <value>`: {lines[-1]!r}"
     assert math.isfinite(float(match.group(1))), lines[-1]
     return match.group(1)
+
+
+# Runs that are killed and resumed (the examples' `common.fault_point`).
+
+FAULT_ENV = "EXAMPLES_FAULT_POINT"
+
+
+def run_killed(path, *args, env=None, after=None):
+    """Runs the script `path` until it dies: by its own fault point (`env`,
+    e.g. `{FAULT_ENV: "weights written:1"}`) or by a SIGKILL `after`
+    seconds; returns True if it was killed (False if it finished first)."""
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **(env or {}))
+    process = subprocess.Popen(
+        [sys.executable, str(path), *args], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        process.wait(timeout=after)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    return process.returncode == -signal.SIGKILL
+
+
+def saved_weights(path):
+    """The weights of the `.keras` file `path`, as numpy arrays."""
+    import keras_attention  # noqa: F401  (registers the classes for loading)
+
+    return [to_numpy(w) for w in keras.saving.load_model(path).weights]
+
+
+def check_killed_runs_end_as_one(path, args, output, finished, seconds):
+    """Runs the training script `path` with `args` into `output`, killing it
+    while it writes its first checkpoint, between the renames of its second,
+    then after `0.6 * seconds` (it may have finished), resuming each time;
+    asserts that it ends with the weights of the uninterrupted run whose
+    folder is `finished` and returns the last run's stdout lines. The run
+    must write a checkpoint at least twice."""
+    args = (*args, "--output-dir", str(output))
+    assert run_killed(path, *args, env={FAULT_ENV: "weights written:1"})
+    assert not (output / "checkpoint").exists()  # nothing half-written is read
+    assert run_killed(path, *args, env={FAULT_ENV: "between the renames:2"})
+    assert (output / "checkpoint.old" / "state.json").exists()  # the first survives
+    run_killed(path, *args, after=0.6 * seconds)
+    lines = run_script(path, *args)
+    for want, got in zip(
+        saved_weights(finished / "model.keras"), saved_weights(output / "model.keras"),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    return lines

@@ -9,7 +9,6 @@ tested in `test_examples_common.py`.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,6 @@ import keras_attention  # noqa: F401  (registers the models for loading)
 from harness import ROOT
 
 EXAMPLE = ROOT / "examples" / "gpt_lm"
-FAULT = "EXAMPLES_FAULT_POINT"  # examples/common.py's fault_point
 
 
 def _load(name):
@@ -41,27 +39,6 @@ def _run(script, *args, env=None):
 
 def _val_loss(lines):
     return float(harness.last_line_value(lines, "val_loss"))
-
-
-def _run_killed(args, env=None, after=None):
-    """Runs train.py until it dies: by its own fault point (`env`) or by a
-    SIGKILL `after` seconds; returns True if it was killed."""
-    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **(env or {}))
-    process = subprocess.Popen(
-        [sys.executable, str(EXAMPLE / "train.py"), *args], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        process.wait(timeout=after)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-    return process.returncode == -signal.SIGKILL
-
-
-def _final_weights(output):
-    model = keras.saving.load_model(output / "model.keras")
-    return [harness.to_numpy(w) for w in model.weights]
 
 
 def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
@@ -97,16 +74,9 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     # Killed while writing its first checkpoint, then between the renames of
     # its second, then at a moment of the clock's choosing, and resumed each
     # time: it ends with the uninterrupted run's weights.
-    killed = tmp_path / "killed"
-    args = ("--tiny", "--output-dir", str(killed))
-    assert _run_killed(args, {FAULT: "weights written:1"})
-    assert not (killed / "checkpoint").exists()  # nothing half-written is read
-    assert _run_killed(args, {FAULT: "between the renames:2"})
-    assert (killed / "checkpoint.old" / "state.json").exists()  # step 3 survives
-    _run_killed(args, after=0.6 * seconds)  # may or may not have finished
-    lines = _run("train.py", *args)
-    for want, got in zip(_final_weights(output), _final_weights(killed)):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    lines = harness.check_killed_runs_end_as_one(
+        EXAMPLE / "train.py", ("--tiny",), tmp_path / "killed", output, seconds
+    )
     assert _val_loss(lines) == pytest.approx(float(first), abs=1e-4)
 
     # The saved model (loaded in safe mode) writes text after a prompt; 24

@@ -17,9 +17,10 @@
   BERT's uncased models); saved one token a line.
 - `pair_batches`: `tf.data` batches of sentence pairs (each verse with the
   verse after it in the same book, `[CLS] a [SEP] b [SEP]` with segment ids
-  0 then 1), tokenized inside the pipeline and masked by
-  `keras_hub.layers.MaskedLMMaskGenerator` (15% of the tokens; of those 80%
-  become `[MASK]`, 10% a random token, 10% stay): `({"token_ids",
+  0 then 1), tokenized inside the pipeline and masked by `mask_tokens`
+  (`keras_hub.layers.MaskedLMMaskGenerator`'s rules, 15% of the tokens, of
+  those 80% become `[MASK]`, 10% a random token, 10% stay, drawn from a seed
+  per batch so that a resumed run sees the same masks): `({"token_ids",
   "segment_ids", "padding_mask", "mask_positions"}, mask_ids, mask_weights)`,
   what `keras_hub.models.BertMaskedLMPreprocessor` makes.
 - `testament_batches`: single verses labelled by their testament (0 Old, 1
@@ -233,17 +234,87 @@ def _packer(sequence_length):
     )
 
 
+def mask_tokens(token_ids, seed, vocabulary_size, mask_selection_length,
+                mask_selection_rate=0.15, mask_token_rate=0.8, random_token_rate=0.1):
+    """BERT's masking of a packed batch, as a pure function of `seed`.
+
+    The rules of `keras_hub.layers.MaskedLMMaskGenerator` (and of the
+    `tensorflow_text` selector it wraps): in each row, `ceil(rate * n)` of
+    the `n` selectable tokens (not `[PAD]`, `[CLS]`, `[SEP]`), at most
+    `mask_selection_length`, chosen uniformly; of those, `mask_token_rate`
+    become `[MASK]`, `random_token_rate` a token drawn uniformly from the
+    vocabulary, the rest stay. KerasHub's generator draws from TensorFlow's
+    stateful random ops inside a parallel `map_fn`, so its masks differ from
+    run to run and a resumed run could not see the batches the uninterrupted
+    run saw; these are drawn with stateless ops from `seed`, a pair of
+    integers.
+
+    Args:
+        token_ids: int `(B, L)`.
+        seed: int `(2,)`.
+
+    Returns:
+        The generator's dict: `token_ids` (masked), `mask_positions` (sorted,
+        padded with 0), `mask_ids` (the original tokens, padded with 0) and
+        `mask_weights` (1.0 for a real mask, 0.0 for padding), the last three
+        `(B, mask_selection_length)`.
+    """
+    import tensorflow as tf
+
+    token_ids = tf.cast(token_ids, "int32")
+    length = tf.shape(token_ids)[1]
+    select_seed, kind_seed, token_seed = tf.unstack(
+        tf.random.experimental.stateless_split(tf.cast(seed, "int64"), 3)
+    )
+    selectable = tf.reduce_all(
+        token_ids[..., None] != tf.constant([PAD_ID, CLS_ID, SEP_ID], "int32"), axis=-1
+    )
+    count = tf.math.ceil(
+        tf.reduce_sum(tf.cast(selectable, "float32"), axis=1) * mask_selection_rate
+    )
+    count = tf.cast(tf.minimum(count, mask_selection_length), "int32")
+    # A random order of the selectable positions (the others sort last);
+    # the first `count` of each row are chosen, then sorted.
+    keys = tf.where(selectable, tf.random.stateless_uniform(tf.shape(token_ids), select_seed), 2.0)
+    order = tf.argsort(keys, axis=1, stable=True)[:, :mask_selection_length]
+    chosen = tf.range(tf.shape(order)[1])[None, :] < count[:, None]
+    positions = tf.sort(tf.where(chosen, order, length), axis=1)
+    weights = positions < length
+    positions = tf.where(weights, positions, 0)
+    mask_ids = tf.where(weights, tf.gather(token_ids, positions, batch_dims=1), 0)
+    draw = tf.random.stateless_uniform(tf.shape(positions), kind_seed)
+    random_ids = tf.random.stateless_uniform(
+        tf.shape(positions), token_seed, minval=0, maxval=vocabulary_size, dtype="int32"
+    )
+    replacement = tf.where(
+        draw < mask_token_rate,
+        MASK_ID,
+        tf.where(draw < mask_token_rate + random_token_rate, random_ids, mask_ids),
+    )
+    # Write the replacements at the chosen positions (the padding writes nowhere).
+    hits = tf.one_hot(tf.where(weights, positions, length), length, dtype="int32")  # (B, M, L)
+    written = tf.reduce_max(hits, axis=1) > 0
+    values = tf.reduce_sum(hits * replacement[..., None], axis=1)
+    return {
+        "token_ids": tf.where(written, values, token_ids),
+        "mask_positions": positions,
+        "mask_ids": mask_ids,
+        "mask_weights": tf.cast(weights, "float32"),
+    }
+
+
 def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_length,
                  seed, shuffle=True, start_step=0, mask_selection_rate=0.15):
     """Masked sentence-pair batches, as `BertMaskedLMPreprocessor` makes them.
 
     With `shuffle` (training) the stream is endless: each pass over the
     pairs is in the order of a stateless permutation of `(seed, pass)` and
-    drops its last partial batch, so the stream made with `start_step=k`
-    continues with the pairs an uninterrupted run would see at step `k`
-    (the masks are drawn afresh). Without it: one pass in order, the last
-    batch partial, the masks drawn once and cached, so every evaluation
-    sees the same masks.
+    drops its last partial batch, and batch `k` is masked by `mask_tokens`
+    with the seed `(seed, k)`, so the stream made with `start_step=k`
+    continues with exactly the batches an uninterrupted run sees from step
+    `k`. Without it: one pass in order, the last batch partial, batch `k`
+    masked with the seed `(seed, -1 - k)`, so every evaluation (and every
+    run) sees the same masks.
 
     Returns:
         A `tf.data.Dataset` of `(x, mask_ids, mask_weights)`: `x` the dict
@@ -251,32 +322,26 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
         `mask_positions`, each `(B, sequence_length)` or `(B,
         mask_selection_length)`.
     """
-    import keras_hub
     import tensorflow as tf
 
     first = tf.constant([a for a, _ in pairs])
     second = tf.constant([b for _, b in pairs])
     packer = _packer(sequence_length)
-    masker = keras_hub.layers.MaskedLMMaskGenerator(
-        vocabulary_size=vocabulary.size,
-        mask_selection_rate=mask_selection_rate,
-        mask_token_id=MASK_ID,
-        mask_selection_length=mask_selection_length,
-        unselectable_token_ids=[PAD_ID, CLS_ID, SEP_ID],
-        mask_token_rate=0.8,
-        random_token_rate=0.1,
-    )
 
-    def preprocess(a, b):  # (B,) strings
-        token_ids, segment_ids = packer((vocabulary.tokenizer(a), vocabulary.tokenizer(b)))
-        masked = masker(token_ids)
+    def preprocess(index, texts):  # (), ((B,), (B,)) strings
+        token_ids, segment_ids = packer(tuple(vocabulary.tokenizer(t) for t in texts))
+        batch_seed = tf.stack([tf.constant(seed, "int64"), index])
+        masked = mask_tokens(
+            token_ids, batch_seed, vocabulary.size, mask_selection_length,
+            mask_selection_rate,
+        )
         x = {
             "token_ids": masked["token_ids"],
             "segment_ids": segment_ids,
             "padding_mask": token_ids != PAD_ID,
             "mask_positions": masked["mask_positions"],
         }
-        return x, masked["mask_ids"], tf.cast(masked["mask_weights"], "float32")
+        return x, masked["mask_ids"], masked["mask_weights"]
 
     def one_pass(index):
         keys = tf.random.stateless_uniform(
@@ -289,6 +354,7 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
 
     if not shuffle:
         dataset = tf.data.Dataset.from_tensor_slices((first, second)).batch(batch_size)
+        dataset = tf.data.Dataset.zip(tf.data.Dataset.range(-1, -(2**62), -1), dataset)
         return dataset.map(preprocess).cache().prefetch(tf.data.AUTOTUNE)
     per_pass = len(pairs) // batch_size
     if per_pass == 0:
@@ -297,10 +363,9 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
             f"{len(pairs)} pairs, batch_size={batch_size}"
         )
     first_pass, skip = divmod(start_step, per_pass)
+    batches = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(skip)
     return (
-        tf.data.Dataset.range(first_pass, 2**62)
-        .flat_map(one_pass)
-        .skip(skip)
+        tf.data.Dataset.zip(tf.data.Dataset.range(start_step, 2**62), batches)
         .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )

@@ -24,7 +24,6 @@ same order of sentence pairs, optimizer state and schedule included);
 the share of the masked tokens of the test books predicted exactly.
 """
 
-import argparse
 import dataclasses
 import math
 import pathlib
@@ -33,6 +32,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
+import distribute  # noqa: E402
 
 common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -81,6 +81,7 @@ class Config:
     # The picture.
     attention_layer: int = -1  # the block whose heads are drawn
     seed: int = 1
+    mixed_precision: str | None = None  # "bfloat16" or "float16" (loss scaling)
 
 
 PRESETS = {
@@ -212,7 +213,7 @@ def adamw(learning_rate, steps, warmup_steps, weight_decay):
     return optimizer
 
 
-def compile_model(model, config):
+def compile_model(model, config, jit_compile="auto"):
     optimizer = adamw(config.learning_rate, config.steps, config.warmup_steps,
                       config.weight_decay)
     model.compile(
@@ -223,8 +224,11 @@ def compile_model(model, config):
             from_logits=True, reduction="mean_with_sample_weight"
         ),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        jit_compile=jit_compile,
     )
-    optimizer.build(model.trainable_variables)
+    # Built now (the loss-scaling wrapper too, under float16) so that a
+    # checkpoint loads into it.
+    model.optimizer.build(model.trainable_variables)
 
 
 # Pretraining.
@@ -243,6 +247,8 @@ def train(model, config, datasets, output, start_step):
             callbacks=[
                 common.progress_callback(config.progress_seconds),
                 common.checkpoint_callback(output, config, datasets["vocabulary"].save),
+                # The metrics of every interval, appended across resumes.
+                keras.callbacks.CSVLogger(output / "log.csv", append=True),
             ],
             shuffle=False,  # the stream is shuffled already
             verbose=0,
@@ -313,7 +319,7 @@ def balanced_verses(verses, per_class, seed):
     return chosen
 
 
-def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None):
+def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None, distribute_kind=None):
     """Trains a testament classifier for `finetune_steps` steps, from the
     encoder of `pretrained` (a `BertMaskedLM`) or from scratch; returns the
     accuracy on `test_verses`."""
@@ -329,14 +335,19 @@ def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None):
     classifier.compile(
         optimizer=adamw(config.finetune_learning_rate, config.finetune_steps, warmup,
                         config.weight_decay),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        # Over the weighted verses: the rows that pad a batch for several
+        # devices weigh 0 (`distribute.even_batches`).
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        ),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
     length = config.finetune_sequence_length
     batches = data.testament_batches(
         train_verses, vocabulary, length, config.finetune_batch_size, seed=config.seed
     )
     test = data.testament_batches(test_verses, vocabulary, length, config.finetune_batch_size)
+    test = distribute.even_batches(test, distribute_kind)
     start = time.perf_counter()
     classifier.fit(batches, epochs=1, steps_per_epoch=config.finetune_steps, verbose=0,
                    shuffle=False)
@@ -392,56 +403,64 @@ def plot_attention_heads(model, vocabulary, sentence, layer, path):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
-    parser.add_argument("--backend", choices=common.BACKENDS)
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--eval-interval", type=int)
-    parser.add_argument("--output-dir", default="bert_mlm_output")
-    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
-    parser.add_argument("--source", help="text file path or URL (default: the shipped Bible)")
-    parser.add_argument("--cache-dir", help="where a downloaded text is kept")
-    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16")
+    parser = common.training_parser(
+        __doc__.split("\n")[0], "bert_mlm_output",
+        "text file path or URL (default: the shipped Bible)",
+    )
+    parser.add_argument(
+        "--pretrain-only", action="store_true",
+        help="stop after pretraining and the masked-LM scores (no fine-tuning, demo, picture)",
+    )
     args = parser.parse_args(argv)
-    config = Config(**PRESETS["tiny" if args.tiny else args.config])
-    for name in ("steps", "eval_interval", "source", "cache_dir"):
-        if getattr(args, name) is not None:
-            setattr(config, name, getattr(args, name))
-    if config.steps % config.eval_interval:
-        parser.error(
-            f"--steps ({config.steps}) must be a multiple of the evaluation "
-            f"interval ({config.eval_interval})"
-        )
-    return args, config
+    return args, common.config_from_args(parser, args, PRESETS, Config)
 
 
 def main(argv=None):
     args, config = parse_args(argv)
     print(f"backend: {keras.backend.backend()}")
-    if args.mixed_precision:
-        keras.config.set_dtype_policy("mixed_bfloat16")
+    if config.mixed_precision:
+        # float16 trains with Keras's dynamic loss scaling (`compile` wraps
+        # the optimizer in a `LossScaleOptimizer`).
+        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
     keras.utils.set_random_seed(config.seed)
     output = pathlib.Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
 
     start_step, vocabulary = 0, None
     checkpoint = None if args.fresh else common.load_checkpoint(output)
     if checkpoint is not None:
-        start_step, saved, path = checkpoint
+        saved_step, saved, path = checkpoint
         vocabulary = data.Vocabulary.load(path)
-        # The data and model must be those of the checkpoint; only the
-        # number of steps may grow.
-        config = Config(**{**saved, "steps": max(config.steps, saved["steps"])})
+        # A resumed run continues the run it finds: every option must be
+        # that run's (the cosine decay depends on the steps, the data and
+        # model on the rest).
+        common.check_resumed_config(saved, config, output)
+        start_step = saved_step  # where the pairs continue
         print(f"resuming from step {start_step} of {output}")
     print(config)
 
     datasets = make_data(config, start_step, vocabulary)
     vocabulary = datasets["vocabulary"]
+    # Built, compiled and trained inside the distribution's scope (a no-op
+    # on one device).
+    with distribute.scope(args.distribute, BertMaskedLM):
+        print(distribute.describe(args.distribute))
+        return _run(args, config, output, checkpoint, start_step, datasets, began)
+
+
+def _run(args, config, output, checkpoint, start_step, datasets, began):
+    for name in ("validation_batches", "test_batches"):
+        datasets[name] = distribute.even_batches(datasets[name], args.distribute)
+    vocabulary = datasets["vocabulary"]
     model = build_model(config, vocabulary)
-    compile_model(model, config)
+    compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
-        model.load_weights(path / "model.weights.h5")
+        # The weights file holds the optimizer's moments and step counter:
+        # the step is read back from the optimizer itself.
+        saved_step, _, path = checkpoint
+        common.load_weights(model, path)
+        start_step = common.resumed_step(model, saved_step)
     print(f"vocabulary: {vocabulary.size} tokens; parameters: {model.count_params():,}")
 
     train(model, config, datasets, output, start_step)
@@ -460,6 +479,9 @@ def main(argv=None):
         flush=True,
     )
 
+    if args.pretrain_only:
+        print(f"masked_accuracy: {results['accuracy']:.4f}")
+        return results
     finetune_train = balanced_verses(
         datasets["train"], config.finetune_verses_per_class, config.seed
     )
@@ -471,8 +493,12 @@ def main(argv=None):
         f"(balanced), {len(test_verses)} test verses (majority class {majority:.4f})",
         flush=True,
     )
-    pretrained_accuracy = fine_tune(config, vocabulary, finetune_train, test_verses, model)
-    scratch_accuracy = fine_tune(config, vocabulary, finetune_train, test_verses)
+    pretrained_accuracy = fine_tune(
+        config, vocabulary, finetune_train, test_verses, model, args.distribute
+    )
+    scratch_accuracy = fine_tune(
+        config, vocabulary, finetune_train, test_verses, distribute_kind=args.distribute
+    )
     print(
         f"testament accuracy: pretrained {pretrained_accuracy:.4f}, from scratch "
         f"{scratch_accuracy:.4f}"

@@ -22,7 +22,6 @@ The last line printed is `val_loss: <value>`, the mean cross-entropy in nats
 per token over the whole validation split.
 """
 
-import argparse
 import dataclasses
 import pathlib
 import sys
@@ -184,10 +183,17 @@ def compile_model(model, config, jit_compile="auto"):
     )
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # The mean over the weighted tokens: the same as the plain mean when
+        # there are no weights, and exact on the rows of weight 0 that pad a
+        # batch for several devices (`distribute.even_batches`).
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        ),
         jit_compile=jit_compile,
     )
-    optimizer.build(model.trainable_variables)
+    # Built now (the loss-scaling wrapper too, under float16) so that a
+    # checkpoint loads into it.
+    model.optimizer.build(model.trainable_variables)
 
 
 # Checkpoints.
@@ -266,40 +272,13 @@ def load_checkpoint(directory):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
-    parser.add_argument("--backend", choices=common.BACKENDS)
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--eval-interval", type=int)
+    parser = common.training_parser(__doc__.split("\n")[0], "gpt_lm_output")
     parser.add_argument("--learning-rate", type=float)
-    parser.add_argument("--output-dir", default="gpt_lm_output")
-    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
-    parser.add_argument("--source", help="corpus path or URL (default: shipped)")
-    parser.add_argument("--cache-dir", help="where a downloaded corpus is kept")
     parser.add_argument("--tokenizer", choices=["char", "bpe"])
-    parser.add_argument(
-        "--mixed-precision", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
-        help="bfloat16 (the default when given alone) or float16 with loss scaling",
-    )
-    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
-    parser.add_argument(
-        "--distribute", choices=distribute.CHOICES,
-        help="data or model parallel over every device (examples/distribute.py)",
-    )
     args = parser.parse_args(argv)
-    config = Config(**PRESETS["tiny" if args.tiny else args.config])
-    for name in (
-        "steps", "eval_interval", "learning_rate", "source", "cache_dir", "tokenizer",
-        "mixed_precision",
-    ):
-        if getattr(args, name) is not None:
-            setattr(config, name, getattr(args, name))
-    if config.steps % config.eval_interval:
-        parser.error(
-            f"--steps ({config.steps}) must be a multiple of the evaluation "
-            f"interval ({config.eval_interval})"
-        )
+    config = common.config_from_args(
+        parser, args, PRESETS, Config, options=("learning_rate", "tokenizer")
+    )
     return args, config
 
 
@@ -332,13 +311,14 @@ def main(argv=None):
 
 
 def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, val_ids):
+    val = distribute.even_batches(val, args.distribute)
     model = build_model(config, tokenizer.vocabulary_size)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
         # The weights file holds the optimizer's moments and step counter:
         # the step is read back from the optimizer itself.
         saved_step, _, _, folder = checkpoint
-        model.load_weights(folder / "model.weights.h5")
+        common.load_weights(model, folder)
         start_step = common.resumed_step(model, saved_step)
     print(
         f"vocabulary: {tokenizer.vocabulary_size} tokens ({tokenizer.kind}), "

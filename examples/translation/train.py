@@ -21,7 +21,6 @@ The last line printed is `bleu: <value>`: sacrebleu's corpus BLEU of the
 beam-search translations of the test books.
 """
 
-import argparse
 import dataclasses
 import pathlib
 import sys
@@ -29,6 +28,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
+import distribute  # noqa: E402
 
 common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -287,7 +287,9 @@ def compile_model(model, config, jit_compile="auto"):
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         jit_compile=jit_compile,
     )
-    optimizer.build(model.trainable_variables)
+    # Built now (the loss-scaling wrapper too, under float16) so that a
+    # checkpoint loads into it.
+    model.optimizer.build(model.trainable_variables)
 
 
 # Training.
@@ -415,32 +417,12 @@ def plot_cross_attention(model, tokenizer, text, path):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
-    parser.add_argument("--backend", choices=common.BACKENDS)
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--eval-interval", type=int)
-    parser.add_argument("--output-dir", default="translation_output")
-    parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
-    parser.add_argument("--source", help="pair file path or URL (default: shipped)")
-    parser.add_argument("--cache-dir", help="where a downloaded pair file is kept")
-    parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
-    parser.add_argument(
-        "--mixed-precision", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
-        help="bfloat16 (the default when given alone) or float16 with loss scaling",
+    parser = common.training_parser(
+        __doc__.split("\n")[0], "translation_output", "pair file path or URL (default: shipped)"
     )
-    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
     args = parser.parse_args(argv)
-    config = Config(**PRESETS["tiny" if args.tiny else args.config])
-    for name in ("steps", "eval_interval", "source", "cache_dir", "layout", "mixed_precision"):
-        if getattr(args, name) is not None:
-            setattr(config, name, getattr(args, name))
-    if config.steps % config.eval_interval:
-        parser.error(
-            f"--steps ({config.steps}) must be a multiple of the evaluation "
-            f"interval ({config.eval_interval})"
-        )
+    config = common.config_from_args(parser, args, PRESETS, Config, options=("layout",))
     return args, config
 
 
@@ -466,12 +448,25 @@ def main(argv=None):
     print(config)
 
     datasets = make_data(config, start_step, tokenizer)
+    # Built, compiled, trained and evaluated inside the distribution's scope
+    # (a no-op on one device).
+    with distribute.scope(args.distribute, Seq2SeqTransformer):
+        print(distribute.describe(args.distribute))
+        return _run(args, config, output, checkpoint, start_step, datasets)
+
+
+def _run(args, config, output, checkpoint, start_step, datasets):
+    # Bucketed batches vary in size: padded with rows of weight 0 where
+    # the devices need equal shares.
+    for name in ("train_batches", "validation_batches"):
+        datasets[name] = distribute.even_batches(datasets[name], args.distribute)
     tokenizer = datasets["tokenizer"]
     model = build_model(config, tokenizer)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
         # The step is read back from the optimizer's own counter.
-        model.load_weights(path / "model.weights.h5")
+        saved_step, _, path = checkpoint
+        common.load_weights(model, path)
         start_step = common.resumed_step(model, saved_step)
     print(
         f"vocabularies: {tokenizer.source_vocabulary_size} source, "
