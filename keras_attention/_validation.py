@@ -219,10 +219,23 @@ def check_multi_head_shapes(query_shape, value_shape, key_shape=None):
     query and value of the same rank and batch; key and value equal in all
     dimensions but the last (unknown dimensions are skipped)."""
     query_shape, value_shape = tuple(query_shape), tuple(value_shape)
+    for name, shape in (("query", query_shape), ("value", value_shape)):
+        if len(shape) < 3:
+            raise ValueError(
+                f"`{name}` must have rank 3 or more, (batch, ..., dim). "
+                f"Received: {name} with shape {shape} (rank {len(shape)})"
+            )
     if key_shape is not None:
         key_shape = tuple(key_shape)
+        if len(key_shape) != len(value_shape):
+            raise ValueError(
+                f"`key` must have rank {len(value_shape)}, as `value`: all "
+                "dimensions of `value` and `key`, except the last one, must be "
+                f"equal. Received: key with shape {key_shape} (rank "
+                f"{len(key_shape)}), value_shape={value_shape}"
+            )
         if not _same(key_shape[1:-1], value_shape[1:-1]):
-            if len(key_shape) == len(value_shape) == 3:
+            if len(key_shape) == 3:
                 received = f"key length={key_shape[1]}, value length={value_shape[1]}"
             else:
                 received = f"key_shape={key_shape}, value_shape={value_shape}"
@@ -230,12 +243,6 @@ def check_multi_head_shapes(query_shape, value_shape, key_shape=None):
                 "`key` and `value` must have the same length: all their "
                 "dimensions, except the last one, must be equal. "
                 f"Received: {received}"
-            )
-    for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-        if shape is not None and len(shape) < 3:
-            raise ValueError(
-                f"`{name}` must have rank 3 or more, (batch, ..., dim). "
-                f"Received: {name} with shape {shape} (rank {len(shape)})"
             )
     if len(query_shape) != len(value_shape):
         raise ValueError(

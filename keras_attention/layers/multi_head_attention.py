@@ -299,6 +299,29 @@ class MultiHeadAttention(keras.layers.Layer):
         """Whether the call is over `(B, T, D)` inputs (the fast paths)."""
         return rank == 3 and axes == (1,)
 
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantizes the projections (`EinsumDense.quantize`: `"int8"`,
+        `"int4"`, `"float8"`, ...), as `keras.Model.quantize` does for a
+        model. The attention core is unchanged: quantized kernels leave the
+        fused Q/K/V projection and the decoding fast paths (which read plain
+        kernels) for the projections' own calls, and the fused attention
+        kernels run as before."""
+        for dense in self._projections():
+            dense.quantize(mode, type_check=type_check, config=config)
+        for layer in self._flatten_layers():
+            # The torch backend tracks the new variables (as
+            # `keras.Model.quantize` does after quantizing).
+            track = getattr(layer, "_track_variables", None)
+            if track is not None:
+                track()
+
+    def _projections(self):
+        denses = (
+            self.query_dense, self.key_dense, self.gate_dense, self.value_dense,
+            self.output_dense,
+        )
+        return tuple(d for d in denses if d is not None)
+
     def uses_fused_path(self, training=False, return_attention_scores=False):
         """Whether a call with these arguments takes a fused kernel: a (scaled)
         dot-product scorer, equal key and value head sizes, no returned
