@@ -6,6 +6,7 @@ head size, `V` value head size, `D` model width, `O` output width.
 """
 
 import functools
+import inspect
 import operator
 
 import keras
@@ -437,7 +438,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 mask = masking.merge_masks(
                     mask, masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
                 )
-            output, scores = self._compute_attention(
+            output, scores = self._call_compute_attention(
                 q, k, v, mask, training, return_attention_scores
             )
         if gate is not None:
@@ -474,6 +475,17 @@ class MultiHeadAttention(keras.layers.Layer):
             fused=self.fused,
             owner=self,
         )
+
+    def _call_compute_attention(self, q, k, v, mask, training, return_attention_scores):
+        """A subclass's `_compute_attention`, with the arguments of Keras's
+        `MultiHeadAttention` or, where its signature has no
+        `return_attention_scores`, of Keras's `GroupedQueryAttention` (which
+        reads the flag from `self._return_attention_scores`)."""
+        method = type(self)._compute_attention
+        if "return_attention_scores" in inspect.signature(method).parameters:
+            return self._compute_attention(q, k, v, mask, training, return_attention_scores)
+        self._return_attention_scores = return_attention_scores
+        return self._compute_attention(q, k, v, mask, training)
 
     def _compute_attention(
         self,

@@ -28,10 +28,14 @@ _KERAS_DIR = os.path.dirname(keras.__file__)
 _MHA_TESTS = os.path.join(
     _KERAS_DIR, "src", "layers", "attention", "multi_head_attention_test.py"
 )
+_GQA_TESTS = os.path.join(
+    _KERAS_DIR, "src", "layers", "attention", "grouped_query_attention_test.py"
+)
 
 pytest.importorskip("absl.testing.parameterized")
-if not os.path.exists(_MHA_TESTS):
-    pytest.skip(f"Keras's test file is not installed: {_MHA_TESTS}", allow_module_level=True)
+for _path in (_MHA_TESTS, _GQA_TESTS):
+    if not os.path.exists(_path):
+        pytest.skip(f"Keras's test file is not installed: {_path}", allow_module_level=True)
 
 
 class _Namespace(types.ModuleType):
@@ -88,3 +92,63 @@ class TestKerasMultiHeadAttention(_mha.MultiHeadAttentionTest):
             super().test_masking_with_different_shapes()
         finally:
             _mha.ops = keras_ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention_tests")
+class GroupedQueryAttention(our_layers.MultiHeadAttention):
+    """Keras's `GroupedQueryAttention` arguments on our layer.
+
+    `head_dim` is our `key_dim` (and the value head size),
+    `num_query_heads` our `num_heads`; `num_key_value_heads`, the gate, the
+    sliding window, `flash_attention` and the rest keep their names. (Keras's
+    layer has no `value_dim`, `output_shape` or `attention_axes`; ours keep
+    their defaults.)
+    """
+
+    def __init__(self, head_dim, num_query_heads, num_key_value_heads, **kwargs):
+        super().__init__(
+            num_heads=num_query_heads,
+            key_dim=head_dim,
+            num_key_value_heads=num_key_value_heads,
+            **kwargs,
+        )
+
+    head_dim = property(lambda self: self.key_dim)
+    num_query_heads = property(lambda self: self.num_heads)
+
+    def get_config(self):
+        config = super().get_config()
+        config["head_dim"] = config.pop("key_dim")
+        config["num_query_heads"] = config.pop("num_heads")
+        return config
+
+
+_gqa = _load(
+    _GQA_TESTS,
+    "_keras_grouped_query_attention_test",
+    layers=lambda keras_layers: _Namespace(
+        keras_layers, GroupedQueryAttention=GroupedQueryAttention
+    ),
+)
+
+
+class TestKerasGroupedQueryAttention(_gqa.GroupedQueryAttentionTest):
+    """Keras's `GroupedQueryAttentionTest`, with our layer's
+    `num_key_value_heads` under Keras's argument names."""
+
+    @pytest.mark.xfail(
+        reason="by design: a fully masked query row attends to nothing and "
+        "gives 0 here; Keras gives the mean of the values",
+        strict=True,
+    )
+    def test_masking_causal(self):
+        super().test_masking_causal()
+
+    @pytest.mark.xfail(
+        reason="Keras's GroupedQueryAttention requires the query and value "
+        "widths to be equal; ours follows keras.layers.MultiHeadAttention, "
+        "which allows them to differ (the value is projected to heads)",
+        strict=True,
+    )
+    def test_shape_mismatch_error_query_value_dim_mismatch(self):
+        super().test_shape_mismatch_error_query_value_dim_mismatch()
