@@ -54,7 +54,18 @@ class MultiHeadAttention(keras.layers.Layer):
     scorer (the backend's own, a blocked causal kernel, or query chunks for
     long sequences) and the explicit kernel for any other scorer, returned
     scores, dropout in training, or `fused=False` (`uses_fused_path` says
-    which). Both give a fully masked query row an output of exactly 0.
+    which). Both give a fully masked query row an output of exactly 0
+    (before the output projection); Keras's layer gives it the mean of the
+    values. A query that may attend to nothing receives nothing.
+
+    Keras's arguments, with Keras's meaning: `attention_axes` attends over
+    those axes of `(B, d_1, ..., d_n, D)` inputs (the other `d_i` act as
+    batch axes; scores `(B, <other axes>, H, <query attention axes>, <key
+    attention axes>)`); `use_gate` multiplies each head's output by
+    `sigmoid(query W_g)` before the output projection (Qiu et al., 2025);
+    `sliding_window=w` lets query `t` see keys within `w - 1` of its
+    position (with `use_causal_mask`, itself and the `w - 1` before it, as
+    Mistral); `flash_attention` is Keras's name for `fused`.
 
     Masks are boolean, `True` = may attend, and combine with AND (padding,
     attention, causal and Keras implicit masks); the inputs' masks are never
@@ -77,8 +88,8 @@ class MultiHeadAttention(keras.layers.Layer):
             Defaults to `key_dim`.
         dropout: float in [0, 1), dropout rate on the attention weights.
         use_bias: bool, whether the projections have biases.
-        output_shape: optional int (or 1-tuple), the output width `O`.
-            Defaults to the query width.
+        output_shape: optional int or tuple of ints, the output's trailing
+            dimensions `O` (`(B, T, *O)`). Defaults to the query width.
         num_key_value_heads: optional positive int `G` dividing `num_heads`.
             Defaults to `num_heads`.
         score: the scoring function applied per head: `"scaled_dot"`
@@ -91,6 +102,25 @@ class MultiHeadAttention(keras.layers.Layer):
             `cache_update_index + t` (from 0 without a cache). Meant for
             self-attention.
         fused: bool, whether a fused kernel may be used. Defaults to True.
+        attention_axes: optional int or tuple of ints, the axes of the
+            inputs attention runs over (negative ones count from the end, so
+            `-2` is the axis before the features). Defaults to every axis but
+            the batch and the features: axis 1 of `(B, T, D)` inputs. Inputs
+            of rank 3 attended over axis 1 take the fast paths; others are
+            brought to that form and back.
+        use_gate: bool, whether a sigmoid gate `(D, H, V)` of the query
+            scales each head's output. Defaults to False.
+        sliding_window: optional positive int `w`: query `t` (at position
+            `S - T + t`, or `cache_update_index + t` with a cache,
+            bottom-right as the causal mask; Keras aligns top-left, the same
+            when `T = S`) sees keys `j` with `|position - j| < w`. Not with
+            several attention axes.
+        flash_attention: optional bool, Keras's name for `fused`: `None`
+            leaves `fused` to decide, `False` is `fused=False`, `True`
+            forces the fused kernel and so refuses dropout, returned scores,
+            a scorer other than a dot product and `value_dim != key_dim`
+            (`ValueError`). `keras.config.enable_flash_attention()` is not
+            read.
         seed: optional int, the seed of the dropout.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
@@ -98,9 +128,11 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        query: `(B, T, Dq)`.
-        value: `(B, S, Dv)`.
-        key: optional `(B, S, Dk)`; defaults to `value`.
+        query: `(B, T, Dq)` (or `(B, d_1, ..., d_n, Dq)` with
+            `attention_axes`).
+        value: `(B, S, Dv)` (of the query's rank).
+        key: optional `(B, S, Dk)`; defaults to `value`. All its dimensions
+            but the last must equal the value's.
         query_mask: optional `(B, T)` padding mask.
         value_mask: optional `(B, S)` padding mask (`(B, L)` with a cache).
         key_mask: optional `(B, S)` padding mask, combined with `value_mask`.
@@ -140,6 +172,8 @@ class MultiHeadAttention(keras.layers.Layer):
         - [Shazeer, 2019 (multi-query)](https://arxiv.org/abs/1911.02150)
         - [Ainslie et al., 2023 (grouped-query)](https://arxiv.org/abs/2305.13245)
         - [Rabe and Staats, 2021](https://arxiv.org/abs/2112.05682)
+        - [Qiu et al., 2025 (gated attention)](https://arxiv.org/abs/2505.06708)
+        - [Beltagy et al., 2020 (sliding window)](https://arxiv.org/abs/2004.05150)
     """
 
     def __init__(
