@@ -590,14 +590,9 @@ class MultiHeadAttention(keras.layers.Layer):
         query_dims = layout.dims(query)
         key_dims = layout.dims(value)
         flat_query = layout.flatten(query)  # (B', T', Dq)
-        flat_value = layout.flatten(value)  # (B', S', Dv)
-        flat_key = None
-        if key is not None:
-            flat_key = flat_value if key is value else layout.flatten(key)
-        if key is None or key is value:
-            flat_key = None
-        if query is value and key is None:
-            flat_value = flat_query  # keeps self-attention's fused projection
+        # The same tensor stays one, for self-attention's fused projection.
+        flat_value = flat_query if value is query else layout.flatten(value)  # (B', S', Dv)
+        flat_key = None if key is None or key is value else layout.flatten(key)  # (B', S', Dk)
         masks = {}
         for name, mask, dims in (
             ("query_mask", query_mask, query_dims),
@@ -613,7 +608,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return_attention_scores, training, use_causal_mask, None, None,
         )
         output = outputs[0] if return_attention_scores else outputs  # (B', T', *O)
-        output = layout.unflatten(output, query_dims, len(output.shape) - 2)
+        output = layout.unflatten(output, query_dims)  # (B, d_1, ..., d_n, *O)
         if not return_attention_scores:
             return output
         scores = ops.reshape(
@@ -814,10 +809,9 @@ class _AxesLayout:
         shape = ops.shape(x)
         return tuple(shape[: len(self.order)])
 
-    def unflatten(self, x, dims, trailing):
+    def unflatten(self, x, dims):
         """`(B', T', *O) -> (B, d_1, ..., d_n, *O)`, `dims` the query's
         sizes along `order`."""
-        tail = tuple(x.shape[2:]) if trailing else ()
-        x = ops.reshape(x, tuple(dims) + tail)  # (B, <others>, <attention>, *O)
+        x = ops.reshape(x, tuple(dims) + tuple(x.shape[2:]))  # (B, <others>, <attention>, *O)
         inverse = [self.order.index(a) for a in range(len(self.order))]
         return ops.transpose(x, inverse + list(range(len(self.order), len(x.shape))))
