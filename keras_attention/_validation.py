@@ -15,11 +15,13 @@ def check_positive_int(name, value, allow_none=False):
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            f"The argument `{name}` must be a positive integer. Received: "
+            f"{name}={value!r}"
         )
     if value <= 0:
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            f"The argument `{name}` must be a positive integer. Received: "
+            f"{name}={value!r}"
         )
     return int(value)
 
@@ -143,7 +145,8 @@ def check_attention_shapes(query_shape, value_shape, key_shape=None):
 
 
 def check_output_shape(output_shape):
-    """`None`, or a positive int or 1-tuple as a 1-tuple; else raises."""
+    """`None`, or a positive int or a non-empty tuple of positive ints (the
+    output's trailing dimensions), as a tuple; else raises."""
     if output_shape is None:
         return None
     # The message reports the value received, before it is made a tuple.
@@ -152,16 +155,103 @@ def check_output_shape(output_shape):
         shape = (shape,)
     if (
         not isinstance(shape, (tuple, list))
-        or len(shape) != 1
-        or isinstance(shape[0], bool)
-        or not isinstance(shape[0], numbers.Integral)
-        or shape[0] <= 0
+        or not shape
+        or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d <= 0
+            for d in shape
+        )
     ):
         raise ValueError(
-            "`output_shape` must be None, a positive int or a 1-tuple of one. "
+            "Invalid `output_shape`: `output_shape` must be None, a positive "
+            "int or a tuple of positive ints. "
             f"Received: output_shape={output_shape!r}"
         )
-    return (int(shape[0]),)
+    return tuple(int(d) for d in shape)
+
+
+def check_attention_axes(attention_axes):
+    """`None`, or an int or a non-empty list or tuple of distinct ints (as a
+    tuple); else raises. Their range is checked against the input's rank
+    when it is known (`normalize_attention_axes`)."""
+    if attention_axes is None:
+        return None
+    axes = attention_axes
+    if isinstance(axes, numbers.Integral) and not isinstance(axes, bool):
+        axes = (axes,)
+    if (
+        not isinstance(axes, (tuple, list))
+        or not axes
+        or any(isinstance(a, bool) or not isinstance(a, numbers.Integral) for a in axes)
+        or len(set(int(a) for a in axes)) != len(axes)
+    ):
+        raise ValueError(
+            "`attention_axes` must be None, an int, or a non-empty list or "
+            f"tuple of distinct ints. Received: attention_axes={attention_axes!r}"
+        )
+    return tuple(int(a) for a in axes)
+
+
+def normalize_attention_axes(attention_axes, rank):
+    """The attention axes of a rank-`rank` input `(batch, ..., dim)` as
+    non-negative axes of that input, in the order given (`None`: every axis
+    but the batch and the features). Negative axes count from the end of the
+    input, so `-2` is the axis before the features."""
+    if attention_axes is None:
+        return tuple(range(1, rank - 1))
+    axes = tuple(a if a >= 0 else rank + a for a in attention_axes)
+    if any(not 1 <= a <= rank - 2 for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(
+            f"`attention_axes` must name distinct axes 1 .. {rank - 2} (or "
+            f"-{rank - 1} .. -2) of a query of rank {rank}, not its batch or "
+            f"feature axis. Received: attention_axes={attention_axes!r}"
+        )
+    return axes
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(
+        x is None or y is None or int(x) == int(y) for x, y in zip(a, b)
+    )
+
+
+def check_multi_head_shapes(query_shape, value_shape, key_shape=None):
+    """Multi-head attention's inputs: `(batch, ..., dim)` of rank 3 or more,
+    query and value of the same rank and batch; key and value equal in all
+    dimensions but the last (unknown dimensions are skipped)."""
+    query_shape, value_shape = tuple(query_shape), tuple(value_shape)
+    for name, shape in (("query", query_shape), ("value", value_shape)):
+        if len(shape) < 3:
+            raise ValueError(
+                f"`{name}` must have rank 3 or more, (batch, ..., dim). "
+                f"Received: {name} with shape {shape} (rank {len(shape)})"
+            )
+    if key_shape is not None:
+        key_shape = tuple(key_shape)
+        if len(key_shape) != len(value_shape):
+            raise ValueError(
+                f"`key` must have rank {len(value_shape)}, as `value`: all "
+                "dimensions of `value` and `key`, except the last one, must be "
+                f"equal. Received: key with shape {key_shape} (rank "
+                f"{len(key_shape)}), value_shape={value_shape}"
+            )
+        if not _same(key_shape[1:-1], value_shape[1:-1]):
+            if len(key_shape) == 3:
+                received = f"key length={key_shape[1]}, value length={value_shape[1]}"
+            else:
+                received = f"key_shape={key_shape}, value_shape={value_shape}"
+            raise ValueError(
+                "`key` and `value` must have the same length: all their "
+                "dimensions, except the last one, must be equal. "
+                f"Received: {received}"
+            )
+    if len(query_shape) != len(value_shape):
+        raise ValueError(
+            "`query` and `value` must have the same rank. Received: "
+            f"query_shape={query_shape}, value_shape={value_shape}"
+        )
+    if key_shape is not None:
+        check_same_dim("key", key_shape[0], "value", value_shape[0], "batch size")
+    check_same_dim("query", query_shape[0], "value", value_shape[0], "batch size")
 
 
 def check_layer(name, value, what):

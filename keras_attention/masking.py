@@ -82,6 +82,39 @@ def causal_mask(query_length, key_length=None, query_start=None):
     return ops.greater_equal(query_positions[:, None], key_positions[None, :])
 
 
+def sliding_window_mask(query_length, key_length, window, query_start=None):
+    """The boolean band `(query_length, key_length)`: query `i` sees key `j`
+    when `|query_start + i - j| < window`.
+
+    Positions are aligned as in `causal_mask` (`query_start` defaults to
+    `key_length - query_length`, bottom-right), so `causal_mask(T, S) &
+    sliding_window_mask(T, S, w)` is the causal sliding window of Mistral:
+    each query sees itself and the `w - 1` keys before it.
+
+    Args:
+        query_length: int or scalar integer tensor, `T`.
+        key_length: int or scalar integer tensor, `S`.
+        window: positive int, the band's half-width plus one.
+        query_start: optional int or scalar integer tensor, the position of
+            the first query among the keys.
+
+    Example:
+
+    >>> import numpy as np
+    >>> np.asarray(sliding_window_mask(3, 3, 2)).astype(int)
+    array([[1, 1, 0],
+           [1, 1, 1],
+           [0, 1, 1]])
+    """
+    window = _validation.check_positive_int("window", window)
+    if query_start is None:
+        query_start = key_length - query_length
+    # |p - j| < w  <=>  j <= p + w - 1 and j >= p - w + 1.
+    near_past = causal_mask(query_length, key_length, query_start + window - 1)
+    far_past = causal_mask(query_length, key_length, query_start - window)
+    return ops.logical_and(near_past, ops.logical_not(far_past))
+
+
 def padding_mask(token_ids, pad_id=0):
     """Returns `token_ids != pad_id` as a boolean padding mask.
 

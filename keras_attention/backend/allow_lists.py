@@ -55,6 +55,10 @@ _ATTENTION_OPTIONS = {
     "activity_regularizer": _ANY,
     "kernel_constraint": _ANY,
     "bias_constraint": _ANY,
+    "attention_axes": (None,),
+    "use_gate": (False,),
+    "sliding_window": (None,),
+    "flash_attention": _ANY,  # the fused switch under Keras's name
 }
 _FEEDFORWARD_OPTIONS = {
     **_BASE,

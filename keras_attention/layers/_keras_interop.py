@@ -1,8 +1,11 @@
 """Taking over the weights of Keras's own layers.
 
 `MultiHeadAttention.from_keras` builds our layer from a built
-`keras.layers.MultiHeadAttention`: the same configuration, copies of the
-weights (the kernels have the same layout), the same outputs.
+`keras.layers.MultiHeadAttention`: the same configuration (attention axes,
+gate and sliding window included), copies of the weights (the kernels have
+the same layout), the same outputs. Keras aligns its causal mask and sliding
+window top-left and ours bottom-right, which differ only when the query and
+key lengths differ (see the README).
 """
 
 import keras
@@ -23,6 +26,9 @@ _SHARED_ARGUMENTS = (
     "activity_regularizer",
     "kernel_constraint",
     "bias_constraint",
+    "attention_axes",
+    "use_gate",
+    "sliding_window",
 )
 
 
@@ -39,35 +45,28 @@ def from_keras_multi_head_attention(cls, layer):
             f"be taken over. Received: unbuilt layer {layer.name!r}"
         )
     peer = layer.get_config()
-    # A sliding window changes which keys each query sees; taking the
-    # weights without it would silently give other outputs.
-    if (
-        peer.get("attention_axes") not in (None, (1,), [1])
-        or peer.get("use_gate", False)
-        or peer.get("sliding_window") is not None
-    ):
-        raise ValueError(
-            "`from_keras` supports (batch, length, dim) attention without "
-            "a gate or a sliding window. Received: attention_axes="
-            f"{peer.get('attention_axes')}, use_gate="
-            f"{peer.get('use_gate', False)}, sliding_window="
-            f"{peer.get('sliding_window')}"
-        )
     new = cls(
-        **{name: peer[name] for name in _SHARED_ARGUMENTS},
+        **{name: peer.get(name) for name in _SHARED_ARGUMENTS if name in peer},
         dtype=layer.dtype_policy,
         name=layer.name,
     )
-    query_shape = (None, None, layer.query_dense.kernel.shape[0])
-    key_shape = (None, None, layer.key_dense.kernel.shape[0])
-    value_shape = (None, None, layer.value_dense.kernel.shape[0])
-    new.build(query_shape, value_shape, key_shape)
+    # The shapes Keras built with (their rank matters with attention axes);
+    # (B, T, D) of the kernels' widths where Keras did not record them.
+    built = getattr(layer, "_build_shapes_dict", None) or {}
+    query_shape = built.get("query_shape") or (None, None, layer.query_dense.kernel.shape[0])
+    value_shape = built.get("value_shape") or (None, None, layer.value_dense.kernel.shape[0])
+    key_shape = built.get("key_shape") or (
+        tuple(value_shape[:-1]) + (layer.key_dense.kernel.shape[0],)
+    )
+    new.build(tuple(query_shape), tuple(value_shape), tuple(key_shape))
     pairs = (
         (new.query_dense, layer.query_dense),
         (new.key_dense, layer.key_dense),
         (new.value_dense, layer.value_dense),
         (new.output_dense, layer.output_dense),
     )
+    if new.use_gate:
+        pairs += ((new.gate_dense, layer._gate_dense),)
     for ours, theirs in pairs:
         ours.set_weights(theirs.get_weights())
     return new

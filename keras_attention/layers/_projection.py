@@ -38,7 +38,8 @@ def project(dense, x, merge_heads=False):
     """An attention projection (`EinsumDense` to or from heads).
 
     `(B, T, D) -> (B, T, heads, size)`, or with `merge_heads`
-    `(B, T, H, V) -> (B, T, O)` (the output projection).
+    `(B, T, H, V) -> (B, T, *O)` (the output projection). The dense's
+    activation (the gate's sigmoid) is applied as the layer applies it.
     """
     if not takes_linear(dense):
         return dense(x)
@@ -48,10 +49,13 @@ def project(dense, x, merge_heads=False):
         x = ops.reshape(x, (batch, length, -1))  # (B, T, H V)
     kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))  # (D, N)
     bias = None if dense.bias is None else ops.reshape(dense.bias, (-1,))  # (N,)
-    output = backend.linear(x, kernel, bias)
-    if merge_heads:
+    output = backend.linear(x, kernel, bias)  # (B, T, N)
+    if dense.activation is not keras.activations.linear:
+        output = dense.activation(output)
+    trailing = tuple(dense.kernel.shape[2 if merge_heads else 1:])
+    if merge_heads and len(trailing) == 1:
         return output  # (B, T, O)
-    return ops.reshape(output, (batch, length) + tuple(dense.kernel.shape[1:]))
+    return ops.reshape(output, (batch, length) + trailing)  # (B, T, *O|heads, size)
 
 
 def project_self(query_dense, key_dense, value_dense, x):
@@ -89,7 +93,7 @@ def fusable(denses, width):
     return all(is_plain(d) and d.kernel.shape[0] == width for d in denses)
 
 
-def einsum_dense(layer, equation, output_shape, bias_axes, name):
+def einsum_dense(layer, equation, output_shape, bias_axes, name, activation=None):
     """An attention projection of `layer`, with its initializers (fresh
     instances, so that no two kernels start equal), regularizers,
     constraints, bias switch and dtype policy."""
@@ -105,6 +109,7 @@ def einsum_dense(layer, equation, output_shape, bias_axes, name):
         bias_regularizer=layer.bias_regularizer,
         kernel_constraint=layer.kernel_constraint,
         bias_constraint=layer.bias_constraint,
+        activation=activation,
         dtype=layer.dtype_policy,
         name=name,
         **initializers,
@@ -143,28 +148,42 @@ def convert_self_attention_inputs(layer, query, value, args, kwargs):
     return query, value, args, kwargs
 
 
-def attention_projections(layer, query_shape, value_shape, key_shape):
-    """Multi-head attention's four projections, built, in Keras's layout.
+def attention_projections(layer, query_width, value_width, key_width):
+    """Multi-head attention's projections, built, in Keras's layout.
 
-    Query `(D, H, K)`, key `(D, G, K)`, value `(D, G, V)` and output
-    `(H, V, O)` kernels, as `keras.layers.MultiHeadAttention` has them, so
-    weights move between the two unchanged.
+    Query `(D, H, K)`, key `(D, G, K)`, value `(D, G, V)`, output
+    `(H, V, *O)` kernels and, with `layer.use_gate`, the gate `(D, H, V)`
+    (a sigmoid of the query), as `keras.layers.MultiHeadAttention` has them,
+    so weights move between the two unchanged. They are built for
+    `(B, T, D)` inputs; the layer brings other ranks to that form first.
+
+    Returns:
+        `(query, key, gate, value, output)` denses (`gate` None without a
+        gate), in the order Keras creates them (so `get_weights` lists the
+        weights in Keras's order).
     """
     heads, kv_heads = layer.num_heads, layer.num_key_value_heads or layer.num_heads
     key_dim, value_dim = layer.key_dim, layer.value_dim or layer.key_dim
-    width = layer.output_shape[-1] if layer.output_shape else query_shape[-1]
-    specs = (
-        ("btd,dhk->bthk", (None, heads, key_dim), "hk", "query", query_shape),
-        ("bsd,dgk->bsgk", (None, kv_heads, key_dim), "gk", "key", key_shape),
-        ("bsd,dgv->bsgv", (None, kv_heads, value_dim), "gv", "value", value_shape),
+    output_shape = layer.output_shape or (query_width,)
+    # Output letters after the ones the heads use (b, t, h, v).
+    letters = "nopqrsuwxyz"[: len(output_shape)]
+    specs = [
+        ("btd,dhk->bthk", (None, heads, key_dim), "hk", "query", query_width, None),
+        ("bsd,dgk->bsgk", (None, kv_heads, key_dim), "gk", "key", key_width, None),
+        ("btd,dhv->bthv", (None, heads, value_dim), "hv", "gate", query_width, "sigmoid"),
+        ("bsd,dgv->bsgv", (None, kv_heads, value_dim), "gv", "value", value_width, None),
         (
-            "bthv,hvo->bto", (None, width), "o", "attention_output",
-            (query_shape[0], query_shape[1], heads, value_dim),
+            f"bthv,hv{letters}->bt{letters}", (None,) + tuple(output_shape), letters,
+            "attention_output", None, None,
         ),
-    )
+    ]
     denses = []
-    for equation, output_shape, bias_axes, name, input_shape in specs:
-        dense = einsum_dense(layer, equation, output_shape, bias_axes, name)
+    for equation, output, bias_axes, name, width, activation in specs:
+        if name == "gate" and not layer.use_gate:
+            denses.append(None)
+            continue
+        dense = einsum_dense(layer, equation, output, bias_axes, name, activation)
+        input_shape = (None, None, width) if width else (None, None, heads, value_dim)
         dense.build(input_shape)
         denses.append(dense)
     return tuple(denses)

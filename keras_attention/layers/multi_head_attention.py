@@ -5,7 +5,12 @@ length, `H` query heads, `G` key/value heads (`H` divisible by `G`), `K` key
 head size, `V` value head size, `D` model width, `O` output width.
 """
 
+import functools
+import inspect
+import operator
+
 import keras
+from keras import ops
 
 from keras_attention import _validation
 from keras_attention import backend
@@ -23,7 +28,8 @@ _CONSTRAINTS = ("kernel_constraint", "bias_constraint")
 # The arguments stored as given.
 _PLAIN_ARGUMENTS = (
     "num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
-    "num_key_value_heads", "fused", "seed",
+    "num_key_value_heads", "fused", "seed", "attention_axes", "use_gate",
+    "sliding_window", "flash_attention",
 )
 
 
@@ -48,7 +54,18 @@ class MultiHeadAttention(keras.layers.Layer):
     scorer (the backend's own, a blocked causal kernel, or query chunks for
     long sequences) and the explicit kernel for any other scorer, returned
     scores, dropout in training, or `fused=False` (`uses_fused_path` says
-    which). Both give a fully masked query row an output of exactly 0.
+    which). Both give a fully masked query row an output of exactly 0
+    (before the output projection); Keras's layer gives it the mean of the
+    values. A query that may attend to nothing receives nothing.
+
+    Keras's arguments, with Keras's meaning: `attention_axes` attends over
+    those axes of `(B, d_1, ..., d_n, D)` inputs (the other `d_i` act as
+    batch axes; scores `(B, <other axes>, H, <query attention axes>, <key
+    attention axes>)`); `use_gate` multiplies each head's output by
+    `sigmoid(query W_g)` before the output projection (Qiu et al., 2025);
+    `sliding_window=w` lets query `t` see keys within `w - 1` of its
+    position (with `use_causal_mask`, itself and the `w - 1` before it, as
+    Mistral); `flash_attention` is Keras's name for `fused`.
 
     Masks are boolean, `True` = may attend, and combine with AND (padding,
     attention, causal and Keras implicit masks); the inputs' masks are never
@@ -71,8 +88,8 @@ class MultiHeadAttention(keras.layers.Layer):
             Defaults to `key_dim`.
         dropout: float in [0, 1), dropout rate on the attention weights.
         use_bias: bool, whether the projections have biases.
-        output_shape: optional int (or 1-tuple), the output width `O`.
-            Defaults to the query width.
+        output_shape: optional int or tuple of ints, the output's trailing
+            dimensions `O` (`(B, T, *O)`). Defaults to the query width.
         num_key_value_heads: optional positive int `G` dividing `num_heads`.
             Defaults to `num_heads`.
         score: the scoring function applied per head: `"scaled_dot"`
@@ -85,6 +102,25 @@ class MultiHeadAttention(keras.layers.Layer):
             `cache_update_index + t` (from 0 without a cache). Meant for
             self-attention.
         fused: bool, whether a fused kernel may be used. Defaults to True.
+        attention_axes: optional int or tuple of ints, the axes of the
+            inputs attention runs over (negative ones count from the end, so
+            `-2` is the axis before the features). Defaults to every axis but
+            the batch and the features: axis 1 of `(B, T, D)` inputs. Inputs
+            of rank 3 attended over axis 1 take the fast paths; others are
+            brought to that form and back.
+        use_gate: bool, whether a sigmoid gate `(D, H, V)` of the query
+            scales each head's output. Defaults to False.
+        sliding_window: optional positive int `w`: query `t` (at position
+            `S - T + t`, or `cache_update_index + t` with a cache,
+            bottom-right as the causal mask; Keras aligns top-left, the same
+            when `T = S`) sees keys `j` with `|position - j| < w`. Not with
+            several attention axes.
+        flash_attention: optional bool, Keras's name for `fused`: `None`
+            leaves `fused` to decide, `False` is `fused=False`, `True`
+            forces the fused kernel and so refuses dropout, returned scores,
+            a scorer other than a dot product and `value_dim != key_dim`
+            (`ValueError`). `keras.config.enable_flash_attention()` is not
+            read.
         seed: optional int, the seed of the dropout.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
@@ -92,9 +128,11 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        query: `(B, T, Dq)`.
-        value: `(B, S, Dv)`.
-        key: optional `(B, S, Dk)`; defaults to `value`.
+        query: `(B, T, Dq)` (or `(B, d_1, ..., d_n, Dq)` with
+            `attention_axes`).
+        value: `(B, S, Dv)` (of the query's rank).
+        key: optional `(B, S, Dk)`; defaults to `value`. All its dimensions
+            but the last must equal the value's.
         query_mask: optional `(B, T)` padding mask.
         value_mask: optional `(B, S)` padding mask (`(B, L)` with a cache).
         key_mask: optional `(B, S)` padding mask, combined with `value_mask`.
@@ -134,6 +172,8 @@ class MultiHeadAttention(keras.layers.Layer):
         - [Shazeer, 2019 (multi-query)](https://arxiv.org/abs/1911.02150)
         - [Ainslie et al., 2023 (grouped-query)](https://arxiv.org/abs/2305.13245)
         - [Rabe and Staats, 2021](https://arxiv.org/abs/2112.05682)
+        - [Qiu et al., 2025 (gated attention)](https://arxiv.org/abs/2505.06708)
+        - [Beltagy et al., 2020 (sliding window)](https://arxiv.org/abs/2004.05150)
     """
 
     def __init__(
@@ -156,6 +196,10 @@ class MultiHeadAttention(keras.layers.Layer):
         activity_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        attention_axes=None,
+        use_gate=False,
+        sliding_window=None,
+        flash_attention=None,
         **kwargs,
     ):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
@@ -172,7 +216,23 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout = _validation.check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
         self.output_shape = _validation.check_output_shape(output_shape)
-        self.fused = bool(fused)
+        self.attention_axes = _validation.check_attention_axes(attention_axes)
+        self.use_gate = bool(use_gate)
+        self.sliding_window = check("sliding_window", sliding_window, allow_none=True)
+        if flash_attention not in (None, True, False):
+            raise ValueError(
+                "`flash_attention` must be None, True or False. Received: "
+                f"flash_attention={flash_attention!r}"
+            )
+        if flash_attention is True and fused is False:
+            raise ValueError(
+                "`flash_attention=True` forces the fused kernel, which "
+                "`fused=False` forbids. Received: flash_attention=True, fused=False"
+            )
+        self.flash_attention = flash_attention
+        # `flash_attention` is Keras's name for the fused switch; None leaves
+        # `fused` to decide.
+        self.fused = bool(fused) if flash_attention is None else flash_attention
         # Self-attention's Q/K/V as one matmul, where the backend prefers it;
         # benchmarks/mha_speed.py toggles it.
         self.fuse_projections = backend.preferences().fuse_projections
@@ -187,6 +247,8 @@ class MultiHeadAttention(keras.layers.Layer):
             setattr(self, name, keras.regularizers.get(value))
         for name, value in zip(_CONSTRAINTS, (kernel_constraint, bias_constraint)):
             setattr(self, name, keras.constraints.get(value))
+        if flash_attention:
+            self._check_flash_attention()
         self.seed_generator = (
             keras.random.SeedGenerator(self.seed) if self.dropout > 0 else None
         )
@@ -200,23 +262,100 @@ class MultiHeadAttention(keras.layers.Layer):
     def _value_dim(self):
         return self.value_dim or self.key_dim
 
+    # Keras's private names for the projections, the window and the flash
+    # switch, which Keras's own tests and tools (LoRA, quantization) read.
+    # Saving walks private names after public ones, so weights stay saved
+    # under the public names.
+    _query_dense = property(lambda self: self.query_dense)
+    _key_dense = property(lambda self: self.key_dense)
+    _value_dense = property(lambda self: self.value_dense)
+    _output_dense = property(lambda self: self.output_dense)
+    _gate_dense = property(lambda self: self.gate_dense)
+    _sliding_window = property(lambda self: self.sliding_window)
+    _flash_attention = property(lambda self: bool(self.flash_attention))
+
+    def _check_flash_attention(self):
+        """`flash_attention=True` promises the fused kernel: refuse what
+        would take it away (as Keras does, with its messages)."""
+        received = f"Received: dropout={self.dropout}, flash_attention=True"
+        if self.dropout > 0:
+            raise ValueError(
+                "Dropout is not supported when flash attention is enabled. "
+                f"Please set dropout to 0.0 to use flash attention. {received}"
+            )
+        if self.score.dot_product_scale(self.key_dim) is None:
+            raise ValueError(
+                "`flash_attention=True` needs a (scaled) dot-product scorer. "
+                f"Received: score={scoring.serialize(self.score)!r}"
+            )
+        if self._value_dim != self.key_dim:
+            raise ValueError(
+                "`flash_attention=True` needs value heads of the key heads' "
+                f"size. Received: key_dim={self.key_dim}, value_dim={self.value_dim}"
+            )
+
     def build(self, query_shape, value_shape, key_shape=None):
-        _validation.check_attention_shapes(query_shape, value_shape, key_shape)
+        self._check_shapes(query_shape, value_shape, key_shape)
         key_shape = value_shape if key_shape is None else key_shape
         # Same weight layout as keras.layers.MultiHeadAttention, so weights
-        # move between the two unchanged.
+        # move between the two unchanged. Inputs of any rank are brought to
+        # (B, T, D) before the projections (they act on the last axis).
         (
             self.query_dense,
             self.key_dense,
+            self.gate_dense,
             self.value_dense,
             self.output_dense,
-        ) = _projection.attention_projections(self, query_shape, value_shape, key_shape)
+        ) = _projection.attention_projections(
+            self, query_shape[-1], value_shape[-1], key_shape[-1]
+        )
         heads = self.num_heads
         head_shape = (None, heads, None, self.key_dim)
         self.score.build_or_check(head_shape, head_shape)
         if self.rotary_embedding is not None and not self.rotary_embedding.built:
             self.rotary_embedding.build((None, None, heads, self.key_dim))
         self.built = True
+
+    def _check_shapes(self, query_shape, value_shape, key_shape=None):
+        """The inputs' shapes, against each other and `attention_axes`;
+        returns the normalized attention axes."""
+        _validation.check_multi_head_shapes(query_shape, value_shape, key_shape)
+        rank = len(query_shape)
+        axes = _validation.normalize_attention_axes(self.attention_axes, rank)
+        others = [a for a in range(1, rank - 1) if a not in axes]
+        for axis in others:
+            _validation.check_same_dim(
+                "query", query_shape[axis], "value", value_shape[axis],
+                f"size on axis {axis} (not an attention axis)",
+            )
+        return axes
+
+    def _is_sequence_attention(self, rank, axes):
+        """Whether the call is over `(B, T, D)` inputs (the fast paths)."""
+        return rank == 3 and axes == (1,)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantizes the projections (`EinsumDense.quantize`: `"int8"`,
+        `"int4"`, `"float8"`, ...), as `keras.Model.quantize` does for a
+        model. The attention core is unchanged: quantized kernels leave the
+        fused Q/K/V projection and the decoding fast paths (which read plain
+        kernels) for the projections' own calls, and the fused attention
+        kernels run as before."""
+        for dense in self._projections():
+            dense.quantize(mode, type_check=type_check, config=config)
+        for layer in self._flatten_layers():
+            # The torch backend tracks the new variables (as
+            # `keras.Model.quantize` does after quantizing).
+            track = getattr(layer, "_track_variables", None)
+            if track is not None:
+                track()
+
+    def _projections(self):
+        denses = (
+            self.query_dense, self.key_dense, self.gate_dense, self.value_dense,
+            self.output_dense,
+        )
+        return tuple(d for d in denses if d is not None)
 
     def uses_fused_path(self, training=False, return_attention_scores=False):
         """Whether a call with these arguments takes a fused kernel: a (scaled)
@@ -251,9 +390,34 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
     ):
-        _validation.check_attention_shapes(
+        axes = self._check_shapes(
             query.shape, value.shape, None if key is None else key.shape
         )
+        if self.flash_attention and return_attention_scores:
+            raise ValueError(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to access "
+                "attention scores. Received: flash_attention=True, "
+                "return_attention_scores=True"
+            )
+        if not self._is_sequence_attention(len(query.shape), axes):
+            return self._call_over_axes(
+                axes, query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, return_attention_scores, training,
+                use_causal_mask, cache, cache_update_index,
+            )
+        return self._call_sequence(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            return_attention_scores, training, use_causal_mask, cache,
+            cache_update_index,
+        )
+
+    def _call_sequence(
+        self, query, value, key, query_mask, value_mask, key_mask, attention_mask,
+        return_attention_scores, training, use_causal_mask, cache,
+        cache_update_index,
+    ):
+        """`call` on `(B, T, D)` inputs attended over axis 1."""
         if cache_update_index is not None and cache is None:
             raise ValueError(
                 "`cache_update_index` needs a `cache`. Received: "
@@ -270,6 +434,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 self._value_dim,
             )
         reads_cache = cache is not None and cache_update_index is None
+        gate = None
+        if self.use_gate:
+            gate = _projection.project(self.gate_dense, query)  # (B, T, H, V)
         q, k, v = self._project_heads(query, value, key, reads_cache)  # (B, T|S, H|G, K)
         if self.rotary_embedding is not None:
             start = 0 if cache_update_index is None else cache_update_index
@@ -290,24 +457,202 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask=attention_mask,
             num_heads=self.num_heads,
         )
-        output, scores = kernels.attention(
-            q, k, v, self.score,
-            mask=masking.merge_masks(mask, written),
-            causal=use_causal_mask and cache is None,
-            cached=cache is not None,
-            dropout=self.dropout, training=training, seed=self.seed_generator,
-            return_weights=return_attention_scores,
-            fused=self.fused,
-            owner=self,
-        )  # (B, T, H, V), (B, H, T, S) or None
+        mask = masking.merge_masks(
+            mask, written, self._window_mask(q, k, cache_update_index)
+        )
+        causal = use_causal_mask and cache is None
+        if type(self)._compute_attention is MultiHeadAttention._compute_attention:
+            output, scores = self._attend(
+                q, k, v, mask, causal, cache is not None, return_attention_scores, training
+            )  # (B, T, H, V), (B, H, T, S) or None
+        else:
+            # A subclass's `_compute_attention` (Keras's override point) gets
+            # Keras's arguments: one mask, the causal one included.
+            if causal:
+                mask = masking.merge_masks(
+                    mask, masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+                )
+            output, scores = self._call_compute_attention(
+                q, k, v, mask, training, return_attention_scores
+            )
+        if gate is not None:
+            output = output * gate  # (B, T, H, V)
         output = _projection.project(self.output_dense, output, merge_heads=True)
 
-        outputs = (output,)  # (B, T, O)
+        outputs = (output,)  # (B, T, *O)
         if return_attention_scores:
             outputs += (scores,)
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _window_mask(self, q, k, cache_update_index):
+        """The `(T, S)` sliding-window band, or None without a window: query
+        `t` at position `i + t` (`i` the cache index; without one
+        `S - T`, bottom-right as the causal mask) sees keys within
+        `sliding_window - 1` of it."""
+        if self.sliding_window is None:
+            return None
+        return masking.sliding_window_mask(
+            ops.shape(q)[1], ops.shape(k)[1], self.sliding_window,
+            query_start=cache_update_index,
+        )
+
+    def _attend(self, q, k, v, mask, causal, cached, return_attention_scores, training):
+        return kernels.attention(
+            q, k, v, self.score,
+            mask=mask,
+            causal=causal,
+            cached=cached,
+            dropout=self.dropout, training=training, seed=self.seed_generator,
+            return_weights=return_attention_scores,
+            fused=self.fused,
+            owner=self,
+        )
+
+    def _call_compute_attention(self, q, k, v, mask, training, return_attention_scores):
+        """A subclass's `_compute_attention`, with the arguments of Keras's
+        `MultiHeadAttention` or, where its signature has no
+        `return_attention_scores`, of Keras's `GroupedQueryAttention` (which
+        reads the flag from `self._return_attention_scores`)."""
+        method = type(self)._compute_attention
+        if "return_attention_scores" in inspect.signature(method).parameters:
+            return self._compute_attention(q, k, v, mask, training, return_attention_scores)
+        self._return_attention_scores = return_attention_scores
+        return self._compute_attention(q, k, v, mask, training)
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        """Attention of projected heads, Keras's override point.
+
+        The same arguments as `keras.layers.MultiHeadAttention`'s: `query`
+        `(B, T, H, K)`, `key` `(B, S, G, K)`, `value` `(B, S, G, V)`, a
+        boolean `attention_mask` `(B, T, S)` (or `(T, S)`, `(B, H, T, S)`)
+        and `use_causal_mask` (bottom-right aligned). Returns `(output,
+        scores)`: `(B, T, H, V)` and `(B, H, T, S)` (None from a fused
+        kernel). A subclass that overrides it is called by `call` with the
+        causal mask folded into `attention_mask`, as Keras does.
+        """
+        dtype = self.compute_dtype
+        query, key, value = (ops.convert_to_tensor(x, dtype) for x in (query, key, value))
+        mask = masking.standardize_mask(attention_mask, "attention_mask")
+        if self.flash_attention and return_attention_scores:
+            raise ValueError(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to access "
+                "attention scores. Received: flash_attention=True, "
+                "return_attention_scores=True"
+            )
+        return self._attend(
+            query, key, value, mask, bool(use_causal_mask), False,
+            return_attention_scores, training,
+        )
+
+    def _call_over_axes(
+        self, axes, query, value, key, query_mask, value_mask, key_mask,
+        attention_mask, return_attention_scores, training, use_causal_mask,
+        cache, cache_update_index,
+    ):
+        """Attention over `attention_axes` of `(B, d_1, ..., d_n, D)` inputs.
+
+        The other axes `d_i` are batch axes: each query attends to the keys
+        that share them. The inputs are brought to `(B', T', D)` (`B'` the
+        batch and the other axes, `T'` the attention axes, flattened), which
+        the sequence path computes, and the results are brought back; the
+        scores have Keras's layout `(B, <other axes>, H, <query attention
+        axes>, <key attention axes>)`.
+        """
+        if cache is not None or cache_update_index is not None:
+            raise ValueError(
+                "A `cache` needs (batch, length, dim) inputs attended over "
+                f"axis 1. Received: query with shape {tuple(query.shape)}, "
+                f"attention_axes={self.attention_axes!r}"
+            )
+        if len(axes) > 1 and (use_causal_mask or self.sliding_window is not None):
+            raise ValueError(
+                "A causal mask or a sliding window orders positions along one "
+                "attention axis. Received: attention_axes="
+                f"{self.attention_axes!r}, use_causal_mask={use_causal_mask}, "
+                f"sliding_window={self.sliding_window}"
+            )
+        rank = len(query.shape)
+        others = [a for a in range(1, rank - 1) if a not in axes]
+        order = [0] + others + list(axes)  # batch axes, then attention axes
+        layout = _AxesLayout(order, len(others))
+        query_dims = layout.dims(query)
+        key_dims = layout.dims(value)
+        flat_query = layout.flatten(query)  # (B', T', Dq)
+        # The same tensor stays one, for self-attention's fused projection.
+        flat_value = flat_query if value is query else layout.flatten(value)  # (B', S', Dv)
+        flat_key = None if key is None or key is value else layout.flatten(key)  # (B', S', Dk)
+        masks = {}
+        for name, mask, dims in (
+            ("query_mask", query_mask, query_dims),
+            ("value_mask", value_mask, key_dims),
+            ("key_mask", key_mask, key_dims),
+        ):
+            mask = masking.standardize_mask(mask, name, ranks=(rank - 1,))
+            masks[name] = None if mask is None else layout.flatten(mask, features=False)
+        flat_mask = self._flat_attention_mask(attention_mask, layout, query_dims, key_dims)
+        outputs = self._call_sequence(
+            flat_query, flat_value, flat_key, masks["query_mask"],
+            masks["value_mask"], masks["key_mask"], flat_mask,
+            return_attention_scores, training, use_causal_mask, None, None,
+        )
+        output = outputs[0] if return_attention_scores else outputs  # (B', T', *O)
+        output = layout.unflatten(output, query_dims)  # (B, d_1, ..., d_n, *O)
+        if not return_attention_scores:
+            return output
+        scores = ops.reshape(
+            outputs[1],
+            (query_dims[0],) + layout.batch_dims(query_dims) + (self.num_heads,)
+            + layout.attention_dims(query_dims) + layout.attention_dims(key_dims),
+        )  # (B, <other axes>, H, <query attention axes>, <key attention axes>)
+        return output, scores
+
+    def _flat_attention_mask(self, attention_mask, layout, query_dims, key_dims):
+        """A Keras attention mask over attention axes, as `(B', H|1, T', S')`.
+
+        As in Keras, the mask is aligned with the scores `(B, <other axes>,
+        H, <query attention axes>, <key attention axes>)` from the right:
+        missing axes are added before the query attention axes.
+        """
+        if attention_mask is None:
+            return None
+        count = len(layout.attention_dims(query_dims))
+        rank = 2 + len(layout.batch_dims(query_dims)) + 2 * count
+        mask = masking.standardize_mask(
+            attention_mask, "attention_mask", ranks=tuple(range(2, rank + 1))
+        )
+        while len(mask.shape) < rank:
+            mask = ops.expand_dims(mask, -2 * count - 1)
+        heads = mask.shape[rank - 2 * count - 1]
+        heads = self.num_heads if heads not in (1, None) else 1
+        target = (
+            (query_dims[0],) + layout.batch_dims(query_dims) + (heads,)
+            + layout.attention_dims(query_dims) + layout.attention_dims(key_dims)
+        )
+        try:
+            mask = ops.broadcast_to(mask, target)
+        except Exception as error:  # each backend raises its own type
+            raise ValueError(
+                "`attention_mask` must broadcast to the scores (batch, <other "
+                "axes>, heads, <query attention axes>, <key attention axes>) "
+                f"= {target}. Received: attention_mask with shape "
+                f"{tuple(attention_mask.shape)}"
+            ) from error
+        batch = functools.reduce(operator.mul, target[: -2 * count - 1], 1)
+        queries = functools.reduce(operator.mul, layout.attention_dims(query_dims), 1)
+        keys = functools.reduce(operator.mul, layout.attention_dims(key_dims), 1)
+        return ops.reshape(mask, (batch, heads, queries, keys))  # (B', H|1, T', S')
 
     def _project_heads(self, query, value, key, reads_cache):
         """`q` `(B, T, H, K)`, and `k`, `v` `(B, S, G, K|V)` unless the cache
@@ -345,8 +690,13 @@ class MultiHeadAttention(keras.layers.Layer):
         return kv_cache.pack(k, v)  # (B, 2, S, G, K)
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        width = self.output_shape[-1] if self.output_shape else query_shape[-1]
-        return tuple(query_shape[:-1]) + (width,)
+        query_shape = tuple(query_shape)
+        self._check_shapes(
+            query_shape, value_shape, None if key_shape is None else tuple(key_shape)
+        )
+        if self.output_shape:
+            return query_shape[:-1] + tuple(self.output_shape)
+        return query_shape
 
     def compute_output_spec(
         self,
@@ -357,16 +707,26 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         **kwargs,
     ):
-        _validation.check_attention_shapes(
-            query.shape, value.shape, None if key is None else key.shape
-        )
+        key_shape = None if key is None else key.shape
+        axes = self._check_shapes(query.shape, value.shape, key_shape)
         dtype = self.compute_dtype
         outputs = (
-            keras.KerasTensor(self.compute_output_shape(query.shape, value.shape), dtype),
+            keras.KerasTensor(
+                self.compute_output_shape(query.shape, value.shape, key_shape), dtype
+            ),
         )
         if return_attention_scores:
-            key_length = value.shape[1] if cache is None else kv_cache.length(cache)
-            scores_shape = (query.shape[0], self.num_heads, query.shape[1], key_length)
+            if self._is_sequence_attention(len(query.shape), axes):
+                key_length = value.shape[1] if cache is None else kv_cache.length(cache)
+                scores_shape = (query.shape[0], self.num_heads, query.shape[1], key_length)
+            else:
+                rank = len(query.shape)
+                others = tuple(query.shape[a] for a in range(1, rank - 1) if a not in axes)
+                scores_shape = (
+                    (query.shape[0],) + others + (self.num_heads,)
+                    + tuple(query.shape[a] for a in axes)
+                    + tuple(value.shape[a] for a in axes)
+                )
             outputs += (keras.KerasTensor(scores_shape, dtype),)
         if cache is not None:
             outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
@@ -413,3 +773,45 @@ class MultiHeadAttention(keras.layers.Layer):
         True
         """
         return _keras_interop.from_keras_multi_head_attention(cls, layer)
+
+
+class _AxesLayout:
+    """Moves a tensor's batch axes (the batch, then the axes attention does
+    not run over) first and its attention axes after, and flattens each
+    group: `(B, d_1, ..., d_n, D) -> (B', T', D)`, and back."""
+
+    def __init__(self, order, count_others):
+        self.order = order  # input axes, batch axes first; features excluded
+        self.count_others = count_others
+
+    def dims(self, x):
+        """`x`'s sizes along `order` (static where known)."""
+        shape = ops.shape(x)
+        return tuple(shape[a] for a in self.order)
+
+    def batch_dims(self, dims):
+        return tuple(dims[1 : 1 + self.count_others])
+
+    def attention_dims(self, dims):
+        return tuple(dims[1 + self.count_others :])
+
+    def flatten(self, x, features=True):
+        """`(B, d..., D) -> (B', T', D)`, or a mask `(B, d...) -> (B', T')`."""
+        perm = self.order + ([len(self.order)] if features else [])
+        x = ops.transpose(x, perm)
+        dims = self.dims_of_transposed(x)
+        batch = functools.reduce(operator.mul, dims[: 1 + self.count_others], 1)
+        length = functools.reduce(operator.mul, dims[1 + self.count_others :], 1)
+        tail = (x.shape[-1],) if features else ()
+        return ops.reshape(x, (batch, length) + tail)
+
+    def dims_of_transposed(self, x):
+        shape = ops.shape(x)
+        return tuple(shape[: len(self.order)])
+
+    def unflatten(self, x, dims):
+        """`(B', T', *O) -> (B, d_1, ..., d_n, *O)`, `dims` the query's
+        sizes along `order`."""
+        x = ops.reshape(x, tuple(dims) + tuple(x.shape[2:]))  # (B, <others>, <attention>, *O)
+        inverse = [self.order.index(a) for a in range(len(self.order))]
+        return ops.transpose(x, inverse + list(range(len(self.order), len(x.shape))))

@@ -420,15 +420,39 @@ def test_from_keras_rejects_unbuilt_layers_and_other_objects():
         MultiHeadAttention.from_keras(MultiHeadAttention(num_heads=2, key_dim=2))
 
 
-def test_from_keras_rejects_what_it_cannot_reproduce():
+@pytest.mark.parametrize(
+    "case", ["gate", "window", "causal_window", "axes", "output_shape"]
+)
+def test_from_keras_takes_over_gates_windows_and_axes(case):
     query = _normal((B, T, DQ))
-    # A sliding window would be silently dropped: refused instead.
-    peer = _keras_peer(query, query, query, sliding_window=2)
-    with pytest.raises(ValueError, match=r"sliding_window=2"):
-        MultiHeadAttention.from_keras(peer)
-    peer = _keras_peer(query, query, query, use_gate=True)
-    with pytest.raises(ValueError, match=r"use_gate=True"):
-        MultiHeadAttention.from_keras(peer)
+    peer_kwargs, kwargs = {}, {}
+    if case == "gate":
+        peer_kwargs = dict(use_gate=True, value_dim=2)
+    if case in ("window", "causal_window"):
+        peer_kwargs = dict(sliding_window=2)
+    if case == "causal_window":
+        kwargs = dict(use_causal_mask=True)
+    if case == "axes":
+        query = _normal((B, 3, T, DQ))
+        peer_kwargs = dict(attention_axes=2)
+    if case == "output_shape":
+        peer_kwargs = dict(output_shape=(2, 3))
+    peer = _keras_peer(query, query, query, **peer_kwargs)
+    ours = MultiHeadAttention.from_keras(peer)
+    expected = harness.to_numpy(
+        peer(query, query, return_attention_scores=True, **kwargs)[0]
+    )
+    np.testing.assert_allclose(
+        _call(ours, query, query, **kwargs), expected, rtol=1e-5, atol=1e-5
+    )
+    # The option mattered: without it, other outputs.
+    # (Not for the gate, whose Keras layer without it has fewer weights.)
+    if case in ("window", "causal_window", "axes"):
+        plain = keras.layers.MultiHeadAttention(num_heads=H, key_dim=K)
+        plain(query, query)
+        plain.set_weights(peer.get_weights())
+        unchanged = harness.to_numpy(plain(query, query, **kwargs))
+        assert not np.allclose(unchanged, expected, atol=1e-4)
 
 
 @pytest.mark.parametrize("num_key_value_heads", [1, 2, 4])
@@ -939,7 +963,7 @@ def test_rejects_bad_dropout(dropout):
         MultiHeadAttention(num_heads=2, key_dim=4, dropout=dropout)
 
 
-@pytest.mark.parametrize("output_shape", [0, -2, (4, 4), "8", (2.0,), True])
+@pytest.mark.parametrize("output_shape", [0, -2, (4, 0), (), "8", (2.0,), True])
 def test_rejects_bad_output_shape(output_shape):
     with pytest.raises(
         ValueError,
@@ -1388,3 +1412,233 @@ def test_capture_attention_records_the_weights_of_both_paths():
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
     # Recording stops after the capture, and the output is unchanged by it.
     assert not kernels.is_recording()
+
+
+# Keras's options: gate, sliding window, attention axes, flash_attention,
+# multi-dimensional output shapes; quantization, LoRA, dtype policy maps.
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _numpy_gated_window(layer, x, window, causal):
+    """Self-attention of `x` `(B, T, D)` in float64 from the layer's weights:
+    `sigmoid(x W_g) * softmax(q k / sqrt(K) + band) v`, projected."""
+    w = {d.name: [np.asarray(harness.to_numpy(v), "float64") for v in d.weights]
+         for d in (layer.query_dense, layer.key_dense, layer.value_dense,
+                   layer.output_dense, layer.gate_dense)}
+    x = x.astype("float64")
+    q = np.einsum("btd,dhk->bthk", x, w["query"][0]) + w["query"][1]
+    k = np.einsum("btd,dhk->bthk", x, w["key"][0]) + w["key"][1]
+    v = np.einsum("btd,dhk->bthk", x, w["value"][0]) + w["value"][1]
+    gate = _sigmoid(np.einsum("btd,dhk->bthk", x, w["gate"][0]) + w["gate"][1])
+    scores = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+    t = np.arange(x.shape[1])
+    allowed = np.abs(t[:, None] - t[None, :]) < window
+    if causal:
+        allowed &= t[:, None] >= t[None, :]
+    scores = np.where(allowed, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    heads = np.einsum("bhts,bshv->bthv", weights, v) * gate
+    return np.einsum("bthv,hvo->bto", heads, w["attention_output"][0]) + w["attention_output"][1]
+
+
+def test_keras_options_pass_the_harness():
+    x = _normal((B, T, DQ))
+    harness.run_layer_test(
+        MultiHeadAttention,
+        {"num_heads": 2, "key_dim": 4, "use_gate": True, "sliding_window": 2,
+         "output_shape": (2, 3)},
+        inputs={"query": x, "value": x},
+        call_kwargs={"use_causal_mask": True},
+        expected_output_shapes=[(B, T, 2, 3)],
+    )
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gate_and_sliding_window_match_numpy(fused, causal):
+    x = _normal((B, 6, DQ))
+    layer = _built(_mha(use_gate=True, sliding_window=3, fused=fused), x, x)
+    expected = _numpy_gated_window(layer, x, 3, causal)
+    output = _call(layer, x, x, use_causal_mask=causal)
+    np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4)
+    _, scores = harness.to_numpy(
+        layer(x, x, use_causal_mask=causal, return_attention_scores=True)
+    )
+    t = np.arange(6)
+    outside = np.abs(t[:, None] - t[None, :]) >= 3
+    assert np.all(scores[..., outside] == 0)
+
+
+def test_sliding_window_aligns_bottom_right_and_caches():
+    # Query t of a block ending a longer key sequence sits at S - T + t, as
+    # with the causal mask; cached decoding equals the full pass.
+    x = _normal((B, 6, DQ))
+    layer = _built(_mha(sliding_window=2), x, x)
+    full = _call(layer, x, x, use_causal_mask=True)
+    _, scores = harness.to_numpy(
+        layer(x[:, 4:], x, use_causal_mask=True, return_attention_scores=True)
+    )
+    np.testing.assert_array_equal(scores[0, 0] > 0, [[0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]])
+    decoded = harness.to_numpy(_decode(layer, x, 2, _empty_cache(layer, 6))[0])
+    np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_axes_attend_within_slices():
+    # attention_axes=2 on (B, N, T, D): each n is an independent sequence;
+    # attention_axes=(1, 2) is attention over the flattened N * T positions.
+    x = _normal((B, 3, T, DQ))
+    mask = np.tril(np.ones((T, T), bool))
+    layer = _built(_mha(attention_axes=2), x, x)
+    output, scores = harness.to_numpy(
+        layer(x, x, attention_mask=mask, return_attention_scores=True)
+    )
+    assert scores.shape == (B, 3, H, T, T)
+    flat = _mha(attention_axes=(1, 2))
+    flat(x, x)
+    flat.set_weights(layer.get_weights())
+    sequence = _mha()
+    sequence(x[:, 0], x[:, 0])
+    sequence.set_weights(layer.get_weights())
+    for n in range(3):
+        expected = _call(sequence, x[:, n], x[:, n], use_causal_mask=True)
+        np.testing.assert_allclose(output[:, n], expected, rtol=1e-5, atol=1e-5)
+    expected = _call(sequence, x.reshape(B, 3 * T, DQ), x.reshape(B, 3 * T, DQ))
+    np.testing.assert_allclose(
+        _call(flat, x, x).reshape(B, 3 * T, -1), expected, rtol=1e-5, atol=1e-5
+    )
+    symbolic = layer(keras.Input(batch_shape=x.shape), keras.Input(batch_shape=x.shape),
+                     return_attention_scores=True)
+    assert tuple(symbolic[1].shape) == (B, 3, H, T, T)
+
+
+def test_flash_attention_is_the_fused_switch():
+    x = _normal((B, T, DQ))
+    assert not _mha(flash_attention=False).fused
+    layer = _mha(flash_attention=True)
+    assert layer.fused and layer.uses_fused_path()
+    with kernels.tracing() as chosen:
+        layer(x, x)
+    assert all(c.kernel != choice.EXPLICIT for _, c in chosen)
+    with pytest.raises(ValueError, match=r"not supported when flash attention.*"
+                       r"return_attention_scores=True"):
+        layer(x, x, return_attention_scores=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"attention_axes": "1"}, r"`attention_axes` must be None, an int.*='1'"),
+        ({"attention_axes": ()}, r"`attention_axes` must be None.*=\(\)"),
+        ({"attention_axes": (1, 1)}, r"distinct ints.*=\(1, 1\)"),
+        ({"sliding_window": 0}, r"`sliding_window` must be a positive integer.*=0"),
+        ({"sliding_window": 2.0}, r"`sliding_window`.*=2\.0"),
+        ({"flash_attention": "yes"}, r"`flash_attention` must be None, True.*'yes'"),
+        ({"flash_attention": True, "dropout": 0.1},
+         r"Dropout is not supported when flash.*dropout=0\.1"),
+        ({"flash_attention": True, "score": "additive"}, r"flash_attention=True.*score="),
+        ({"flash_attention": True, "value_dim": 2}, r"flash_attention=True.*value_dim=2"),
+        ({"flash_attention": True, "fused": False}, r"fused=False"),
+        ({"num_heads": 1.5}, r"argument `num_heads`.*num_heads=1\.5"),
+    ],
+)
+def test_rejects_bad_keras_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(**{"num_heads": 2, "key_dim": 4, **kwargs})
+
+
+def test_rejects_calls_the_attention_axes_cannot_run():
+    x = _normal((B, 3, T, DQ))
+    with pytest.raises(ValueError, match=r"`attention_axes` must name.*=\(3,\)"):
+        _mha(attention_axes=3)(x, x)
+    with pytest.raises(ValueError, match=r"use_causal_mask=True"):
+        _mha(attention_axes=(1, 2))(x, x, use_causal_mask=True)
+    with pytest.raises(ValueError, match=r"size on axis 1.*query.*=3, value.*=2"):
+        _mha(attention_axes=2)(x, x[:, :2])
+    with pytest.raises(ValueError, match=r"A `cache` needs"):
+        layer = _mha(attention_axes=2)
+        layer(x, x, cache=ops.zeros((B, 2, T, H, K)), cache_update_index=0)
+    with pytest.raises(ValueError, match=r"must be equal.*key_shape=\(2, 3, 4, 6\)"):
+        _mha().compute_output_shape((B, 3, T, DQ), (B, 3, T, DV), (B, 3, 4, DK))
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+def test_quantized_layer_falls_back_from_the_fused_projection(mode):
+    from keras_attention.backend import allow_lists
+
+    x = _normal((B, T, 16))
+    layer = _built(MultiHeadAttention(num_heads=2, key_dim=8), x, x, scale=0.2)
+    denses = (layer.query_dense, layer.key_dense, layer.value_dense)
+    assert _projection.fusable(denses, 16) and allow_lists.attention_allowed(layer)
+    before = _call(layer, x, x)
+    layer.quantize(mode)
+    assert all(d.quantization_mode == mode for d in denses + (layer.output_dense,))
+    assert not _projection.fusable(denses, 16)
+    assert not allow_lists.attention_allowed(layer)  # decoding steps fall back
+    after = _call(layer, x, x)
+    assert np.mean((after - before) ** 2) < 1e-2
+    # The attention core is unchanged: still a fused kernel.
+    with kernels.tracing() as chosen:
+        layer(x, x)
+    assert all(c.kernel != choice.EXPLICIT for _, c in chosen)
+
+
+def test_lora_falls_back_and_trains_only_the_adapters():
+    x = _normal((B, T, 16))
+    layer = _built(MultiHeadAttention(num_heads=2, key_dim=8, use_gate=True), x, x)
+    before = _call(layer, x, x)
+    layer.query_dense.enable_lora(2)
+    layer.gate_dense.enable_lora(2)
+    denses = (layer.query_dense, layer.key_dense, layer.value_dense)
+    assert not _projection.fusable(denses, 16)
+    # LoRA starts as the identity update (its B factor is zeros).
+    np.testing.assert_allclose(_call(layer, x, x), before, rtol=1e-5, atol=1e-5)
+    trainable = {v.path for v in layer.trainable_variables}
+    assert any("lora" in p for p in trainable)
+    assert not any(p.endswith("query/kernel") for p in trainable)
+
+
+def test_dtype_policy_map_quantizes_named_projections():
+    # As Keras's layer: the map's entries name the projections by path.
+    # (Saving a model with a map fails in Keras 3.15 for its own layer too,
+    # "Invalid dtype: object"; the config and the weights round-trip.)
+    x = _normal((B, T, 16))
+    policy_map = keras.dtype_policies.DTypePolicyMap()
+    for name in ("query", "key", "value"):
+        policy_map[f"mha/{name}"] = keras.dtype_policies.QuantizedDTypePolicy(
+            "int8", "float32"
+        )
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, dtype=policy_map, name="mha")
+    layer.build(x.shape, x.shape)
+    assert keras.backend.standardize_dtype(layer.query_dense._kernel.dtype) == "int8"
+    assert layer.output_dense.quantization_mode is None
+    output = _call(layer, x, x)
+    copy = MultiHeadAttention.from_config(layer.get_config())
+    copy.build(x.shape, x.shape)
+    assert copy.value_dense.quantization_mode == "int8"
+    copy.set_weights(layer.get_weights())
+    np.testing.assert_allclose(_call(copy, x, x), output, rtol=1e-6, atol=1e-6)
+
+
+def test_a_subclass_compute_attention_gets_keras_arguments():
+    seen = {}
+
+    class Custom(MultiHeadAttention):
+        def _compute_attention(self, query, key, value, attention_mask=None,
+                               training=None, return_attention_scores=False):
+            seen["mask"] = harness.to_numpy(attention_mask)
+            return super()._compute_attention(
+                query, key, value, attention_mask, training, return_attention_scores
+            )
+
+    x = _normal((B, T, DQ))
+    layer = _built(Custom(num_heads=H, key_dim=K), x, x)
+    output = _call(layer, x, x, use_causal_mask=True)
+    np.testing.assert_array_equal(np.squeeze(seen["mask"]), np.tril(np.ones((T, T), bool)))
+    plain = MultiHeadAttention(num_heads=H, key_dim=K)
+    plain(x, x)
+    plain.set_weights(layer.get_weights())
+    np.testing.assert_allclose(output, _call(plain, x, x, use_causal_mask=True), atol=1e-5)
