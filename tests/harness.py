@@ -278,7 +278,8 @@ def saved_weights(path):
     """The weights of the `.keras` file `path`, as numpy arrays."""
     import keras_attention  # noqa: F401  (registers the classes for loading)
 
-    return [to_numpy(w) for w in keras.saving.load_model(path).weights]
+    model = keras.saving.load_model(path, compile=False)
+    return [to_numpy(w) for w in model.weights]
 
 
 def check_killed_runs_end_as_one(path, args, output, finished, seconds):

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 
 import keras
@@ -388,7 +389,9 @@ def test_scripts_reject_an_unknown_backend_before_importing_keras(script):
 
 def test_tiny_run_trains_resumes_draws_and_translates(tmp_path):
     output = tmp_path / "run"
+    start = time.perf_counter()
     lines = _run("train.py", "--tiny", "--output-dir", str(output))
+    seconds = time.perf_counter() - start
     assert lines[0] == f"backend: {keras.backend.backend()}"
     harness.last_line_value(lines, "bleu")
     assert any(re.match(r"step 3: loss \S+, accuracy \S+, val_loss", line) for line in lines)
@@ -411,6 +414,14 @@ def test_tiny_run_trains_resumes_draws_and_translates(tmp_path):
     assert result.returncode != 0
     assert "eval_interval: 3 in the checkpoint, 2 now" in result.stderr
     assert "steps:" not in result.stderr  # honoured: the schedule ignores it
+
+    # Killed mid-checkpoint and at a random moment, resumed each time: the
+    # weights of one run (`--train-only`: the scoring after the last
+    # checkpoint, about half the run, is not what is tested here).
+    harness.check_killed_runs_end_as_one(
+        EXAMPLE / "train.py", ("--tiny", "--train-only"), tmp_path / "killed", output,
+        seconds / 2,
+    )
 
     # A second run with more steps resumes at step 6 and trains 3 more.
     lines = _run("train.py", "--tiny", "--steps", "9", "--output-dir", str(output))

@@ -421,6 +421,10 @@ def parse_args(argv=None):
         __doc__.split("\n")[0], "translation_output", "pair file path or URL (default: shipped)"
     )
     parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
+    parser.add_argument(
+        "--train-only", action="store_true",
+        help="stop after training and saving (no BLEU, samples or picture)",
+    )
     args = parser.parse_args(argv)
     config = common.config_from_args(parser, args, PRESETS, Config, options=("layout",))
     return args, config
@@ -478,6 +482,8 @@ def _run(args, config, output, checkpoint, start_step, datasets):
     model.save(output / "model.keras")
     tokenizer.save(output)
     print(f"model saved to {output / 'model.keras'}")
+    if args.train_only:
+        return None
 
     results = evaluate(model, tokenizer, datasets["test"], config)
     show_samples(datasets["test"], results, config.num_samples)
