@@ -55,6 +55,24 @@ def kernel_dtype(dtype):
     return current().kernel_dtype(dtype)
 
 
+def custom_vjp(forward, backward):
+    """A function whose gradient is `backward` instead of autodiff of `forward`.
+
+    `forward(*args) -> (output, residuals)` computes the output (one tensor)
+    and what the gradient needs; `backward(residuals, d_output)` returns one
+    gradient per argument of `forward` (None for an argument that takes none,
+    such as a boolean mask). Only the residuals are kept for the backward
+    pass, not the intermediates of `forward`: this is what lets attention
+    recompute its scores there instead of storing them. Arguments are
+    tensors (no None); a backend without custom gradients differentiates
+    `forward` itself.
+
+    Returns:
+        `function(*args) -> output`.
+    """
+    return current().custom_vjp(forward, backward)
+
+
 def stateless_uniform(like, seed, step):
     """`U(0, 1)` noise shaped like `like`, a pure function of `(seed, step)`."""
     return current().stateless_uniform(like, seed, step)
@@ -104,6 +122,7 @@ __all__ = [
     "block_step",
     "compile_decoding",
     "current",
+    "custom_vjp",
     "decoder_step",
     "kernel_dtype",
     "linear",

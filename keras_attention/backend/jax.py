@@ -36,6 +36,23 @@ def kernel_dtype(dtype):
     return dtype
 
 
+def custom_vjp(forward, backward):
+    @jax.custom_vjp
+    def function(*args):
+        return forward(*args)[0]
+
+    def function_forward(*args):
+        return forward(*args)
+
+    def function_backward(residuals, d_output):
+        # None for a boolean argument: JAX reads it as a zero (float0)
+        # cotangent.
+        return tuple(backward(residuals, d_output))
+
+    function.defvjp(function_forward, function_backward)
+    return function
+
+
 def stateless_uniform(like, seed, step):
     key = jax.random.fold_in(jax.random.key(seed), step)
     return jax.random.uniform(key, like.shape, minval=1e-12, maxval=1.0)

@@ -26,6 +26,18 @@ decoder_step = common.decoder_step
 block_step = common.block_step
 
 
+def custom_vjp(forward, backward):
+    def function(*args):
+        @tf.custom_gradient
+        def with_gradient(*args):
+            output, residuals = forward(*args)
+            return output, lambda d_output: tuple(backward(residuals, d_output))
+
+        return with_gradient(*args)
+
+    return function
+
+
 def stateless_uniform(like, seed, step):
     pair = tf.stack([tf.cast(seed, "int64"), tf.cast(step, "int64")])
     return tf.random.stateless_uniform(

@@ -49,6 +49,21 @@ def unless_nonfinite(output, recompute):
     return output if bool(finite) else recompute()
 
 
+def custom_vjp(forward, backward):
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            output, residuals = forward(*args)
+            ctx.save_for_backward(*residuals)
+            return output
+
+        @staticmethod
+        def backward(ctx, d_output):
+            return tuple(backward(tuple(ctx.saved_tensors), d_output))
+
+    return Function.apply
+
+
 def stateless_uniform(like, seed, step):
     generator = torch.Generator(device="cpu")
     generator.manual_seed(int(seed) * 1_000_003 + int(step))
