@@ -55,6 +55,12 @@ def kernel_dtype(dtype):
     return current().kernel_dtype(dtype)
 
 
+def fori_loop(lower, upper, body, init):
+    """`ops.fori_loop` whose iterations run one after the other, so that a
+    loop over chunks holds one chunk's intermediates at a time."""
+    return current().fori_loop(lower, upper, body, init)
+
+
 def custom_vjp(forward, backward):
     """A function whose gradient is `backward` instead of autodiff of `forward`.
 
@@ -124,6 +130,7 @@ __all__ = [
     "current",
     "custom_vjp",
     "decoder_step",
+    "fori_loop",
     "kernel_dtype",
     "linear",
     "preferences",

@@ -62,6 +62,10 @@ def kernel_dtype(dtype):
     return dtype
 
 
+def fori_loop(lower, upper, body, init):
+    return ops.fori_loop(lower, upper, body, init)
+
+
 def custom_vjp(forward, backward):
     # No custom gradients here: the backend's autodiff differentiates the
     # forward computation (exact, at its memory cost).

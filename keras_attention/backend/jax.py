@@ -22,6 +22,7 @@ PREFERENCES = Preferences(
 )
 
 linear = common.linear
+fori_loop = common.fori_loop
 unless_nonfinite = common.unless_nonfinite
 decoder_step = common.decoder_step
 block_step = common.block_step

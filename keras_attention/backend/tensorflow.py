@@ -26,6 +26,17 @@ decoder_step = common.decoder_step
 block_step = common.block_step
 
 
+def fori_loop(lower, upper, body, init):
+    # A graph's `tf.while_loop` runs up to 10 iterations at once by default
+    # (Keras's `fori_loop` keeps it): ten chunks' scores at a time.
+    return tf.while_loop(
+        lambda i, _: i < upper,
+        lambda i, value: (i + 1, body(i, value)),
+        (lower, init),
+        parallel_iterations=1,
+    )[1]
+
+
 def custom_vjp(forward, backward):
     def function(*args):
         @tf.custom_gradient

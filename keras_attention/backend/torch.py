@@ -32,6 +32,7 @@ from keras_attention.backend.common import Preferences
 PREFERENCES = Preferences(linear_projections=True)
 
 kernel_dtype = common.kernel_dtype
+fori_loop = common.fori_loop
 
 
 def linear(x, kernel, bias):

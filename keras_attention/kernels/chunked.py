@@ -113,6 +113,8 @@ class _Chunks:
             is_causal, max_bands,
         )
         self.masked = mask is not None
+        # Scores, statistics and gradient sums: at least float32.
+        self.dtype = keras.backend.result_type(q.dtype, "float32")
 
     # Layouts.
 
@@ -166,8 +168,7 @@ class _Chunks:
         `(B, G, R C, K)` is scaled already, `k_band` `(B, G, E, K)`."""
         keys = k_band.shape[2]
         scores = ops.einsum("bgqk,bgsk->bgqs", q_chunk, k_band)
-        dtype = keras.backend.result_type(scores.dtype, "float32")
-        scores = ops.cast(scores, dtype)
+        scores = ops.cast(scores, self.dtype)
         allowed = chunk_mask  # (B|1, G|1, R|1, C|1, E|1)
         if self.is_causal:
             # Query `c` of the chunk sits at `index C + offset + c` among the keys.
@@ -195,27 +196,35 @@ class _Chunks:
             k_band, v_band = k_heads[:, :, :keys], v_heads[:, :, :keys]
             band_mask = self.band_mask(mask_chunks, first, stop, keys)
             shared_row = band_mask is not None and len(band_mask.shape) == 5
+            band_queries = q_chunks[first:stop]
 
-            def attend(inputs):
-                q_chunk, index = inputs[:2]
-                chunk_mask = band_mask if shared_row else (
-                    inputs[2] if len(inputs) == 3 else None
-                )
-                scores = self.scores(q_chunk, k_band, index, chunk_mask)
+            def attend(i, carry, band_queries=band_queries, k_band=k_band,
+                       v_band=v_band, band_mask=band_mask, shared_row=shared_row,
+                       first=first):
+                outputs, lses = carry
+                chunk_mask = band_mask if shared_row or band_mask is None else band_mask[i]
+                scores = self.scores(band_queries[i], k_band, first + i, chunk_mask)
                 top = ops.max(scores, axis=-1, keepdims=True)
                 weights = ops.exp(scores - top)  # (B, G, R C, E), unnormalized
                 total = ops.sum(weights, axis=-1, keepdims=True)
                 output = ops.einsum(
                     "bgqs,bgsv->bgqv", ops.cast(weights, v.dtype), v_band
                 )
-                output = ops.cast(ops.cast(output, total.dtype) / total, v.dtype)
-                return output, ops.squeeze(top + ops.log(total), -1)
+                output = ops.cast(output, total.dtype) / total
+                lse = ops.squeeze(top + ops.log(total), -1)  # (B, G, R C)
+                outputs = ops.slice_update(
+                    outputs, (i, 0, 0, 0, 0), ops.cast(output, v.dtype)[None]
+                )
+                lses = ops.slice_update(lses, (i, 0, 0, 0), lse[None])
+                return outputs, lses
 
-            indices = ops.arange(first, stop, dtype="int32")
-            inputs = (q_chunks[first:stop], indices)
-            if band_mask is not None and not shared_row:
-                inputs += (band_mask,)
-            output, lse = ops.map(attend, inputs)  # (n, B, G, R C, V), (n, B, G, R C)
+            # Shaped after the queries: the batch may be known only at run time.
+            init = (
+                ops.zeros_like(band_queries[..., :1], dtype=v.dtype)
+                + ops.zeros((v.shape[-1],), v.dtype),
+                ops.zeros_like(band_queries[..., 0], dtype=self.dtype),
+            )  # (n, B, G, R C, V), (n, B, G, R C)
+            output, lse = backend.fori_loop(0, stop - first, attend, init)
             outputs.append(output)
             lses.append(lse)
         output = _concatenate(outputs)  # (N, B, G, R C, V)
@@ -271,11 +280,11 @@ class _Chunks:
                 return d_k, d_v, d_q
 
             init = (
-                ops.zeros_like(k_band, dtype="float32"),
-                ops.zeros_like(v_band, dtype="float32"),
-                ops.zeros_like(q_chunks[band], dtype="float32"),
+                ops.zeros_like(k_band, dtype=self.dtype),
+                ops.zeros_like(v_band, dtype=self.dtype),
+                ops.zeros_like(q_chunks[band], dtype=self.dtype),
             )
-            d_k, d_v, d_q = ops.fori_loop(0, stop - first, step, init)
+            d_k, d_v, d_q = backend.fori_loop(0, stop - first, step, init)
             d_queries.append(d_q)
             padding = self.key_length - keys
             if padding:
