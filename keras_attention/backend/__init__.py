@@ -55,6 +55,14 @@ def kernel_dtype(dtype):
     return current().kernel_dtype(dtype)
 
 
+def after(values, dependencies):
+    """`values` (a tuple of tensors), available only once `dependencies` are
+    computed: the order of two computations that share no data, for a
+    backend whose graph would run them at once (and hold both their
+    intermediates)."""
+    return current().after(values, dependencies)
+
+
 def fori_loop(lower, upper, body, init):
     """`ops.fori_loop` whose iterations run one after the other, so that a
     loop over chunks holds one chunk's intermediates at a time."""
@@ -124,6 +132,7 @@ def block_step(block):
 
 
 __all__ = [
+    "after",
     "Preferences",
     "block_step",
     "compile_decoding",

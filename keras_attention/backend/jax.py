@@ -23,6 +23,7 @@ PREFERENCES = Preferences(
 
 linear = common.linear
 fori_loop = common.fori_loop
+after = common.after
 unless_nonfinite = common.unless_nonfinite
 decoder_step = common.decoder_step
 block_step = common.block_step

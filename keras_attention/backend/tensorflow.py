@@ -26,6 +26,13 @@ decoder_step = common.decoder_step
 block_step = common.block_step
 
 
+def after(values, dependencies):
+    # A graph runs ops that share no data at once: the bands of a chunked
+    # attention would all hold their chunks' scores together.
+    with tf.control_dependencies(list(dependencies)):
+        return tuple(tf.identity(value) for value in values)
+
+
 def fori_loop(lower, upper, body, init):
     # A graph's `tf.while_loop` runs up to 10 iterations at once by default
     # (Keras's `fori_loop` keeps it): ten chunks' scores at a time.

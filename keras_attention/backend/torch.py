@@ -33,6 +33,7 @@ PREFERENCES = Preferences(linear_projections=True)
 
 kernel_dtype = common.kernel_dtype
 fori_loop = common.fori_loop
+after = common.after
 
 
 def linear(x, kernel, bias):

@@ -224,6 +224,9 @@ class _Chunks:
                 + ops.zeros((v.shape[-1],), v.dtype),
                 ops.zeros_like(band_queries[..., 0], dtype=self.dtype),
             )  # (n, B, G, R C, V), (n, B, G, R C)
+            # One band after the other (`backend.after`): a graph would run
+            # them all at once.
+            init = backend.after(init, outputs[-1:] + lses[-1:])
             output, lse = backend.fori_loop(0, stop - first, attend, init)
             outputs.append(output)
             lses.append(lse)
@@ -284,6 +287,7 @@ class _Chunks:
                 ops.zeros_like(v_band, dtype=self.dtype),
                 ops.zeros_like(q_chunks[band], dtype=self.dtype),
             )
+            init = backend.after(init, d_queries[-1:])
             d_k, d_v, d_q = backend.fori_loop(0, stop - first, step, init)
             d_queries.append(d_q)
             padding = self.key_length - keys
