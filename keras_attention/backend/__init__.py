@@ -55,6 +55,38 @@ def kernel_dtype(dtype):
     return current().kernel_dtype(dtype)
 
 
+def after(values, dependencies):
+    """`values` (a tuple of tensors), available only once `dependencies` are
+    computed: the order of two computations that share no data, for a
+    backend whose graph would run them at once (and hold both their
+    intermediates)."""
+    return current().after(values, dependencies)
+
+
+def fori_loop(lower, upper, body, init):
+    """`ops.fori_loop` whose iterations run one after the other, so that a
+    loop over chunks holds one chunk's intermediates at a time."""
+    return current().fori_loop(lower, upper, body, init)
+
+
+def custom_vjp(forward, backward):
+    """A function whose gradient is `backward` instead of autodiff of `forward`.
+
+    `forward(*args) -> (output, residuals)` computes the output (one tensor)
+    and what the gradient needs; `backward(residuals, d_output)` returns one
+    gradient per argument of `forward` (None for an argument that takes none,
+    such as a boolean mask). Only the residuals are kept for the backward
+    pass, not the intermediates of `forward`: this is what lets attention
+    recompute its scores there instead of storing them. Arguments are
+    tensors (no None); a backend without custom gradients differentiates
+    `forward` itself.
+
+    Returns:
+        `function(*args) -> output`.
+    """
+    return current().custom_vjp(forward, backward)
+
+
 def stateless_uniform(like, seed, step):
     """`U(0, 1)` noise shaped like `like`, a pure function of `(seed, step)`."""
     return current().stateless_uniform(like, seed, step)
@@ -100,11 +132,14 @@ def block_step(block):
 
 
 __all__ = [
+    "after",
     "Preferences",
     "block_step",
     "compile_decoding",
     "current",
+    "custom_vjp",
     "decoder_step",
+    "fori_loop",
     "kernel_dtype",
     "linear",
     "preferences",

@@ -62,6 +62,23 @@ def kernel_dtype(dtype):
     return dtype
 
 
+def fori_loop(lower, upper, body, init):
+    return ops.fori_loop(lower, upper, body, init)
+
+
+def after(values, dependencies):
+    return values
+
+
+def custom_vjp(forward, backward):
+    # No custom gradients here: the backend's autodiff differentiates the
+    # forward computation (exact, at its memory cost).
+    def function(*args):
+        return forward(*args)[0]
+
+    return function
+
+
 def stateless_uniform(like, seed, step):
     raise NotImplementedError(
         "Stateless sampling needs the tensorflow, jax or torch backend."

@@ -22,6 +22,8 @@ PREFERENCES = Preferences(
 )
 
 linear = common.linear
+fori_loop = common.fori_loop
+after = common.after
 unless_nonfinite = common.unless_nonfinite
 decoder_step = common.decoder_step
 block_step = common.block_step
@@ -34,6 +36,23 @@ def kernel_dtype(dtype):
         if jax.default_backend() == "cpu":
             return "float32"
     return dtype
+
+
+def custom_vjp(forward, backward):
+    @jax.custom_vjp
+    def function(*args):
+        return forward(*args)[0]
+
+    def function_forward(*args):
+        return forward(*args)
+
+    def function_backward(residuals, d_output):
+        # None for a boolean argument: JAX reads it as a zero (float0)
+        # cotangent.
+        return tuple(backward(residuals, d_output))
+
+    function.defvjp(function_forward, function_backward)
+    return function
 
 
 def stateless_uniform(like, seed, step):

@@ -26,6 +26,36 @@ decoder_step = common.decoder_step
 block_step = common.block_step
 
 
+def after(values, dependencies):
+    # A graph runs ops that share no data at once: the bands of a chunked
+    # attention would all hold their chunks' scores together.
+    with tf.control_dependencies(list(dependencies)):
+        return tuple(tf.identity(value) for value in values)
+
+
+def fori_loop(lower, upper, body, init):
+    # A graph's `tf.while_loop` runs up to 10 iterations at once by default
+    # (Keras's `fori_loop` keeps it): ten chunks' scores at a time.
+    return tf.while_loop(
+        lambda i, _: i < upper,
+        lambda i, value: (i + 1, body(i, value)),
+        (lower, init),
+        parallel_iterations=1,
+    )[1]
+
+
+def custom_vjp(forward, backward):
+    def function(*args):
+        @tf.custom_gradient
+        def with_gradient(*args):
+            output, residuals = forward(*args)
+            return output, lambda d_output: tuple(backward(residuals, d_output))
+
+        return with_gradient(*args)
+
+    return function
+
+
 def stateless_uniform(like, seed, step):
     pair = tf.stack([tf.cast(seed, "int64"), tf.cast(step, "int64")])
     return tf.random.stateless_uniform(

@@ -32,6 +32,8 @@ from keras_attention.backend.common import Preferences
 PREFERENCES = Preferences(linear_projections=True)
 
 kernel_dtype = common.kernel_dtype
+fori_loop = common.fori_loop
+after = common.after
 
 
 def linear(x, kernel, bias):
@@ -47,6 +49,21 @@ def unless_nonfinite(output, recompute):
         return recompute()
     finite = torch.isfinite(torch.sum(output.float()))
     return output if bool(finite) else recompute()
+
+
+def custom_vjp(forward, backward):
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            output, residuals = forward(*args)
+            ctx.save_for_backward(*residuals)
+            return output
+
+        @staticmethod
+        def backward(ctx, d_output):
+            return tuple(backward(tuple(ctx.saved_tensors), d_output))
+
+    return Function.apply
 
 
 def stateless_uniform(like, seed, step):

@@ -40,9 +40,7 @@ def run(choice, q, k, v, mask, scale, is_causal):
     if choice.kernel == choices.BLOCKED:
         return blocked_attention(q, k, v, mask, scale, is_causal)  # any G
     if choice.kernel == choices.CHUNKED:
-        return chunked_attention(
-            q, k, v, mask, scale, is_causal, choice.chunk_size, _backend_kernel
-        )
+        return chunked_attention(q, k, v, mask, scale, is_causal, choice.chunk_size)
     return _backend_kernel(q, k, v, mask, scale, is_causal)
 
 
