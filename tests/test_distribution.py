@@ -117,14 +117,37 @@ def _assert_same_step(differences):
     assert differences["weights"] < 1e-5
 
 
+KERNEL_CASES = ("blocked_causal", "chunked_causal", "chunked_padding", "fused_padding")
+
+
+def _assert_kernels_match(report):
+    """The kernels on inputs split over the devices (JAX: batch and heads,
+    the output sharded alike; TensorFlow: the batch over the replicas), and
+    their gradients, against one device; hard attention's sampled selections
+    on several devices are values of their example's rows (and, on JAX, the
+    one-device samples)."""
+    for case in KERNEL_CASES:
+        differences = report[f"kernel_{case}"]
+        assert differences["output"] < 1e-5, case
+        assert differences["gradients"] < 1e-5, case
+        if BACKEND != "tensorflow":
+            assert differences["sharded"] == "P('batch', None, 'model', None)", case
+    assert report["hard_attention_data"]["valid"]
+    if BACKEND != "tensorflow":
+        assert report["hard_attention_data"]["equal"]
+        assert report["hard_attention_data"]["sampled"]  # not the argmax
+
+
 def test_engines_match_one_device():
     """This suite's engine (JAX's for torch) against one device."""
     if BACKEND == "tensorflow":
         report = _report("tensorflow")
         assert report["devices"] == 2 and report["replicas"] == 2
         _assert_same_step(report["gpt_data"])
+        _assert_kernels_match(report)
         return
     report = _report("jax")
+    _assert_kernels_match(report)
     assert report["devices"] == 4
     for name in ("gpt", "seq2seq"):
         _assert_same_step(report[f"{name}_data"])
