@@ -319,7 +319,8 @@ def balanced_verses(verses, per_class, seed):
     return chosen
 
 
-def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None, distribute_kind=None):
+def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None,
+              distribute_kind=None):
     """Trains a testament classifier for `finetune_steps` steps, from the
     encoder of `pretrained` (a `BertMaskedLM`) or from scratch; returns the
     accuracy on `test_verses`."""
@@ -463,13 +464,14 @@ def _run(args, config, output, checkpoint, start_step, datasets, began):
         start_step = common.resumed_step(model, saved_step)
     print(f"vocabulary: {vocabulary.size} tokens; parameters: {model.count_params():,}")
 
-    train(model, config, datasets, output, start_step)
+    seconds = train(model, config, datasets, output, start_step)
     model.save(output / "model.keras")
     vocabulary.save(output)
     print(f"model saved to {output / 'model.keras'}")
 
     counts = vocabulary.counts([v.text for v in datasets["train"]])
     results = evaluate(model, datasets["test_batches"], counts)
+    results.update(model=model, config=config, train_seconds=seconds)
     print(
         f"test ({results['masks']} masked tokens): masked accuracy "
         f"{results['accuracy']:.4f}, perplexity {results['perplexity']:.2f}; baselines: "

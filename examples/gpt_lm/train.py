@@ -351,6 +351,7 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, 
         "val_loss": val_loss,
         "train_tokens_per_second": checkpointer.tokens_per_second,
         "parameters": model.count_params(),
+        "model": model,
         "config": config,
         "seconds": seconds,
     }

@@ -478,14 +478,16 @@ def _run(args, config, output, checkpoint, start_step, datasets):
         f"{model.count_params():,}"
     )
 
-    train(model, config, datasets, output, start_step)
+    seconds = train(model, config, datasets, output, start_step)
     model.save(output / "model.keras")
     tokenizer.save(output)
     print(f"model saved to {output / 'model.keras'}")
+    trained = {"model": model, "config": config, "train_seconds": seconds}
     if args.train_only:
-        return None
+        return trained
 
     results = evaluate(model, tokenizer, datasets["test"], config)
+    results.update(trained)
     show_samples(datasets["test"], results, config.num_samples)
     plot_cross_attention(
         model, tokenizer, datasets["test"][0].source, output / "cross_attention.png"

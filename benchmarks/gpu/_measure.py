@@ -1,0 +1,105 @@
+"""What the GPU scripts measure besides the example's own metric.
+
+- `PEAKS`: dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the
+  vendors' data sheets, for the MFU.
+- `step_seconds`: the median time of one compiled training step on a fixed
+  batch (`train_on_batch`, synchronised by reading the loss back).
+- `attention_kernels`: which kernel the attention layers take, in this
+  package's table (`keras_attention.kernels.tracing`: fused, blocked,
+  chunked, explicit) and, for the fused rows, the kernel the backend
+  launches: on torch the scaled-dot-product kernels a profiled step runs
+  (flash, memory-efficient, cuDNN or the math fallback); on JAX whether the
+  compiled step calls cuDNN's fused attention; TensorFlow's fused kernel is
+  XLA's.
+"""
+
+import collections
+import statistics
+import time
+
+PEAKS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+
+
+def step_seconds(model, x, y, sample_weight=None, steps=20, warmup=3):
+    """The median seconds of one `train_on_batch` over `steps` steps."""
+    import keras
+
+    for _ in range(warmup):
+        model.train_on_batch(x, y, sample_weight=sample_weight)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        logs = model.train_on_batch(x, y, sample_weight=sample_weight)
+        float(keras.ops.convert_to_numpy(keras.tree.flatten(logs)[0]))  # waits for it
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def attention_kernels(model, x):
+    """A line naming the kernels the attention layers of `model` take on `x`."""
+    import keras
+
+    from keras_attention import kernels
+
+    with kernels.tracing() as taken:
+        model(x, training=True)
+    ours = collections.Counter(choice.kernel for _, choice in taken)
+    line = "attention kernels (ours): " + ", ".join(
+        f"{kernel} x{count}" for kernel, count in sorted(ours.items())
+    )
+    backend = keras.backend.backend()
+    if backend == "torch":
+        line += "; torch launches: " + (_torch_kernels(model, x) or "no attention kernel seen")
+    elif backend == "jax":
+        line += "; JAX compiled step: " + _jax_kernels(model, x)
+    else:
+        line += "; TensorFlow: XLA's fused kernel where ours is fused"
+    return line
+
+
+def _torch_kernels(model, x):
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
+
+    gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as profiler:
+        model(x, training=True)
+        if gpu:
+            torch.cuda.synchronize()
+    names = {event.key for event in profiler.key_averages()}
+    found = []
+    for label, marks in (
+        ("flash", ("flash",)),
+        ("memory-efficient", ("efficient_attention", "fmha_cutlass", "mem_eff")),
+        ("cuDNN", ("cudnn_attention", "cudnn_sdpa", "cudnn::fmha")),
+        ("math fallback", ("_scaled_dot_product_attention_math",)),
+    ):
+        if any(any(mark in name.lower() for mark in marks) for name in names):
+            found.append(label)
+    return ", ".join(found)
+
+
+def _jax_kernels(model, x):
+    import jax
+
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def forward(trainable, non_trainable, x):
+        return model.stateless_call(trainable, non_trainable, x, training=True)[0]
+
+    text = jax.jit(forward).lower(trainable, non_trainable, x).compile().as_text()
+    if "cudnn$fmha" in text or "__cudnn$fmha" in text:
+        return "cuDNN fused attention"
+    return "no cuDNN attention call (XLA's kernels)"
+
+
+def report(tokens_per_second, flops_per_token, peak_tflops):
+    """The lines the scripts print: tokens/s and the MFU."""
+    mfu = tokens_per_second * flops_per_token / (peak_tflops * 1e12)
+    return [
+        f"train tokens/s: {tokens_per_second:,.0f}",
+        f"MFU: {100 * mfu:.1f}% of {peak_tflops:g} TFLOP/s bf16",
+    ]

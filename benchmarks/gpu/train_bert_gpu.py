@@ -1,0 +1,83 @@
+"""GPU check: the `gpu` preset of examples/bert_mlm in bf16, with tokens/s and MFU.
+
+Pretrains BERT-base's shape (12 blocks, 12 heads, width 768, feed-forward
+3,072; 128 tokens a pair, 128 pairs a batch) on the Bible with
+`--mixed-precision` (and `--jit` on TensorFlow) on one backend (JAX by default), scores it, then
+times the training step on a batch of the preset's shape and prints
+
+- the training throughput in tokens/s (every position of the batch),
+- the model FLOPs utilization against the GPU's dense bf16 peak, with the
+  FLOPs of a token estimated as `6 N + 12 L D T` (N parameters, L blocks, D
+  width, T tokens a pair; the masked-LM head runs on the masked positions
+  only, so this slightly overcounts),
+- which attention kernel ran (this package's table, and the backend's
+  fused kernel: flash / cuDNN / memory-efficient),
+- the masked-token accuracy reached on the test books.
+
+    python benchmarks/gpu/train_bert_gpu.py                  # H100/H200 peak
+    python benchmarks/gpu/train_bert_gpu.py --backend torch --peak-tflops 312
+    python benchmarks/gpu/train_bert_gpu.py --steps 500      # a short check
+    python benchmarks/gpu/train_bert_gpu.py --preset tiny    # seconds, on a CPU
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+EXAMPLE = HERE.parents[1] / "examples" / "bert_mlm"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
+    parser.add_argument("--steps", type=int, help="default: the preset's")
+    parser.add_argument("--preset", default="gpu", choices=["gpu", "tiny"])
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100/H200 bf16")
+    parser.add_argument("--output-dir", default="bert_mlm_gpu_output")
+    args = parser.parse_args()
+    os.environ["KERAS_BACKEND"] = args.backend
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(EXAMPLE))
+    import numpy as np
+
+    import _measure
+    import train  # noqa: E402  (after KERAS_BACKEND)
+
+    argv = ["--tiny"] if args.preset == "tiny" else ["--config", "gpu"]
+    # `--jit` is XLA on TensorFlow (JAX always compiles); torch runs eagerly
+    # with the package's torch fast paths (`torch.compile` is not wired).
+    argv += ["--jit"] if args.backend == "tensorflow" else []
+    argv += ["--mixed-precision", "--fresh", "--pretrain-only",
+             "--output-dir", args.output_dir]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    result = train.main(argv)
+    model, config = result["model"], result["config"]
+
+    rows, length, masks = config.batch_size, config.sequence_length, config.mask_selection_length
+    rng = np.random.default_rng(0)
+    x = {
+        "token_ids": rng.integers(5, model.vocabulary_size, (rows, length)).astype("int32"),
+        "segment_ids": np.repeat([[0] * (length // 2) + [1] * (length - length // 2)], rows, 0),
+        "padding_mask": np.ones((rows, length), bool),
+        "mask_positions": np.sort(rng.permuted(np.tile(np.arange(length), (rows, 1)), axis=1)
+                                  [:, :masks], axis=1).astype("int32"),
+    }
+    y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
+    seconds = _measure.step_seconds(model, x, y, np.ones((rows, masks), "float32"))
+    flops_per_token = 6 * model.count_params() + 12 * (
+        config.num_layers * config.hidden_dim * length
+    )
+    print(f"backend: {args.backend}, steps: {config.steps}")
+    print(_measure.attention_kernels(model, x))
+    for line in _measure.report(rows * length / seconds, flops_per_token, args.peak_tflops):
+        print(line)
+    print(f"training: {result['train_seconds']:.0f} s")
+    print(f"perplexity: {result['perplexity']:.2f}")
+    print(f"masked_accuracy: {result['accuracy']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

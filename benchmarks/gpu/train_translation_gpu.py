@@ -1,0 +1,78 @@
+"""GPU check: the `gpu` preset of examples/translation in bf16, with tokens/s and MFU.
+
+Trains the base Transformer of the translation example (6 + 6 blocks, 8
+heads, width 512, feed-forward 2,048; batches of about 8,192 tokens a side)
+with `--mixed-precision` (and `--jit` on TensorFlow) on one backend (JAX by default), scores it
+(BLEU, greedy and 4-beam), then times the training step on a batch of the
+preset's largest shape and prints
+
+- the training throughput in target tokens/s (the median step on a full
+  batch of `max_length`-token pairs; real batches are bucketed and shorter),
+- the model FLOPs utilization against the GPU's dense bf16 peak, with the
+  FLOPs of a step estimated as `6 N t` (N parameters, t target tokens) plus
+  the attention's `12 D (L_enc S^2 + L_dec (T^2 + T S))` per pair (D width,
+  S and T the source and target lengths),
+- which attention kernel ran (this package's table, and the backend's
+  fused kernel: flash / cuDNN / memory-efficient),
+- the BLEU reached.
+
+    python benchmarks/gpu/train_translation_gpu.py                  # H100/H200 peak
+    python benchmarks/gpu/train_translation_gpu.py --backend torch --peak-tflops 312
+    python benchmarks/gpu/train_translation_gpu.py --steps 500      # a short check
+    python benchmarks/gpu/train_translation_gpu.py --preset tiny    # seconds, on a CPU
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+EXAMPLE = HERE.parents[1] / "examples" / "translation"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
+    parser.add_argument("--steps", type=int, help="default: the preset's")
+    parser.add_argument("--preset", default="gpu", choices=["gpu", "tiny"])
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100/H200 bf16")
+    parser.add_argument("--output-dir", default="translation_gpu_output")
+    args = parser.parse_args()
+    os.environ["KERAS_BACKEND"] = args.backend
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(EXAMPLE))
+    import numpy as np
+
+    import _measure
+    import train  # noqa: E402  (after KERAS_BACKEND)
+
+    argv = ["--tiny"] if args.preset == "tiny" else ["--config", "gpu"]
+    # `--jit` is XLA on TensorFlow (JAX always compiles); torch runs eagerly
+    # with the package's torch fast paths (`torch.compile` is not wired).
+    argv += ["--jit"] if args.backend == "tensorflow" else []
+    argv += ["--mixed-precision", "--fresh", "--output-dir", args.output_dir]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    result = train.main(argv)
+    model, config = result["model"], result["config"]
+
+    length = config.max_length
+    rows = max(config.batch_tokens // length, 1)
+    ids = np.random.default_rng(0).integers(4, 100, (rows, length + 1)).astype("int32")
+    x = {"encoder_token_ids": ids[:, 1:], "decoder_token_ids": ids[:, :-1]}
+    seconds = _measure.step_seconds(model, x, ids[:, 1:], np.ones((rows, length), "float32"))
+    blocks = config.num_encoder_layers * length**2 + config.num_decoder_layers * 2 * length**2
+    flops = 6 * model.count_params() * rows * length + 12 * config.hidden_dim * blocks * rows
+    print(f"backend: {args.backend}, steps: {config.steps}")
+    print(_measure.attention_kernels(model, x))
+    for line in _measure.report(rows * length / seconds, flops / (rows * length),
+                                args.peak_tflops):
+        print(line)
+    print(f"training: {result['train_seconds']:.0f} s")
+    print(f"greedy bleu: {result['greedy']['bleu']:.2f}")
+    print(f"bleu: {result['beam']['bleu']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
