@@ -149,7 +149,9 @@ def test_half_precision_matches_float32(dtype, tolerance):
 def test_multi_head_attention_in_training_takes_the_dropout_kernel():
     x = _normal((B, T, 8), 5)
     mask = _mask()[:, :, :T]
-    layers = [MultiHeadAttention(2, 4, dropout=RATE, seed=3, fused=fused) for fused in (True, False)]
+    layers = [
+        MultiHeadAttention(2, 4, dropout=RATE, seed=3, fused=fused) for fused in (True, False)
+    ]
     for layer in layers:
         layer(x, x)
     layers[1].set_weights(layers[0].get_weights())
