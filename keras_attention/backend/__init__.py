@@ -87,6 +87,39 @@ def custom_vjp(forward, backward):
     return current().custom_vjp(forward, backward)
 
 
+def all_finite(*tensors):
+    """True if no tensor holds NaN or inf, False if one does, None where the
+    backend cannot tell without tracing a branch (the caller keeps its
+    guards). Torch answers eagerly, from one reduction."""
+    return current().all_finite(*tensors)
+
+
+def dropout(x, rate, seed):
+    """`keras.random.dropout(x, rate, seed=seed)`, or the backend's faster
+    draw of the same distribution (torch). A `SeedGenerator` seed advances
+    once per call on every backend, so seeded runs repeat and resume."""
+    return current().dropout(x, rate, seed)
+
+
+def dropout_attention(q, k, v, mask, scale, rate, seed):
+    """Dot-product attention with dropout on the weights, in the backend's
+    own kernel, where `Preferences.dropout_kernel` says it has one (torch).
+
+    Args:
+        q: `(B, T, H, K)`; k: `(B, S, G, K)`; v: `(B, S, G, V)`.
+        mask: optional boolean `(B|1, H|1, T, S)`, `True` = may attend.
+        scale: the score scale. rate: the dropout rate, in (0, 1).
+        seed: a `keras.random.SeedGenerator`, an int or None, as for
+            `dropout`, whose mask it draws for the `(B, H, T, S)` weights.
+
+    Returns:
+        `(B, T, H, V)`, what the explicit kernel gives for the same mask
+        (fully masked rows 0; NaN or inf in a key or value only for the
+        queries that may see it).
+    """
+    return current().dropout_attention(q, k, v, mask, scale, rate, seed)
+
+
 def stateless_uniform(like, seed, step):
     """`U(0, 1)` noise shaped like `like`, a pure function of `(seed, step)`."""
     return current().stateless_uniform(like, seed, step)
@@ -134,12 +167,17 @@ def block_step(block):
 __all__ = [
     "after",
     "Preferences",
+    "all_finite",
     "block_step",
     "compile_decoding",
     "current",
     "custom_vjp",
     "decoder_step",
     "fori_loop",
+
+
+    "dropout",
+    "dropout_attention",
     "kernel_dtype",
     "linear",
     "preferences",

@@ -7,6 +7,7 @@ as they are.
 
 import dataclasses
 
+import keras
 from keras import ops
 
 from keras_attention.backend import compiled_steps
@@ -32,6 +33,10 @@ class Preferences:
         guard_with_cond: whether the NaN guard recomputes only when the
             output is non-finite (a `cond`); otherwise it always runs the
             guarded computation, which a compiler fuses.
+        dropout_kernel: whether dot-product attention with dropout on the
+            weights (in training, weights not returned) runs in the
+            backend's own kernel, `dropout_attention`, instead of the
+            explicit kernel.
     """
 
     blocked: str = "never"
@@ -40,6 +45,7 @@ class Preferences:
     fuse_projections: bool = False
     linear_projections: bool = False
     guard_with_cond: bool = True
+    dropout_kernel: bool = False
 
 
 PREFERENCES = Preferences()
@@ -77,6 +83,23 @@ def custom_vjp(forward, backward):
         return forward(*args)[0]
 
     return function
+
+
+def all_finite(*tensors):
+    # Unknown where values are not Python's to read (under a compiler): the
+    # caller then keeps its guards.
+    return None
+
+
+def dropout(x, rate, seed):
+    return keras.random.dropout(x, rate, seed=seed)
+
+
+def dropout_attention(q, k, v, mask, scale, rate, seed):
+    raise NotImplementedError(
+        "`dropout_attention` is a backend kernel; this backend has none "
+        "(`Preferences.dropout_kernel` is False)."
+    )
 
 
 def stateless_uniform(like, seed, step):

@@ -25,6 +25,9 @@ linear = common.linear
 fori_loop = common.fori_loop
 after = common.after
 unless_nonfinite = common.unless_nonfinite
+all_finite = common.all_finite
+dropout = common.dropout
+dropout_attention = common.dropout_attention
 decoder_step = common.decoder_step
 block_step = common.block_step
 

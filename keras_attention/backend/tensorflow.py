@@ -21,6 +21,9 @@ PREFERENCES = Preferences(
 
 linear = common.linear
 unless_nonfinite = common.unless_nonfinite
+all_finite = common.all_finite
+dropout = common.dropout
+dropout_attention = common.dropout_attention
 kernel_dtype = common.kernel_dtype
 decoder_step = common.decoder_step
 block_step = common.block_step

@@ -4,10 +4,13 @@ Shape legend: `B` batch, `T` query length, `S` key/value length, `H` query
 heads, `G` key/value heads (`H` divisible by `G`), `K` key head size, `V`
 value head size.
 
-One entry, four kernels, one table that chooses among them (`choice.py`):
+One entry, four kernels (and a backend's own for dropout), one table that
+chooses among them (`choice.py`):
 
 - `explicit.py`: score -> mask -> normalize -> dropout -> weighted sum, with
   any scorer and any normalization (soft or hard); it forms the weights;
+- `backend.dropout_attention`: where the backend prefers it (torch), the
+  explicit kernel's dot-product arithmetic with dropout, in its own terms;
 - `fused.py`: the backend's fused kernel (`ops.dot_product_attention`), with
   the fully-masked-row and NaN guards around every fused kernel;
 - `blocked.py`: a dot-product kernel that skips the keys a causal block
@@ -22,6 +25,7 @@ kernel each call took.
 
 from keras import ops
 
+from keras_attention import backend
 from keras_attention import masking
 from keras_attention.kernels import choice as choices
 from keras_attention.kernels import explicit
@@ -75,7 +79,8 @@ def attention(
             `(B|1, H|1, T, S)`, `True` = may attend.
         causal: bool, query `t` sees keys `0 .. S - T + t` (bottom-right).
         cached: bool, the keys and values are a KV cache (decoding).
-        dropout, training, seed: dropout on the weights (explicit kernel).
+        dropout, training, seed: dropout on the weights (explicit kernel,
+            or the backend's dropout kernel).
         normalize: optional `normalize(scores, mask) -> weights` instead of
             the masked softmax (hard attention); explicit kernel.
         return_weights: bool, the weights are needed (explicit kernel).
@@ -106,7 +111,7 @@ def attention(
     # a flag: no (T, S) mask is built and torch can take its flash kernel.
     causal_flag = (
         causal
-        and chosen.kernel != choices.EXPLICIT
+        and chosen.kernel not in (choices.EXPLICIT, choices.DROPOUT)
         and mask is None
         and query_length is not None
         and query_length == key_length
@@ -118,6 +123,9 @@ def attention(
         output, weights = _explicit(
             query, key, value, scorer, mask, dropout, training, seed, normalize
         )
+    elif chosen.kernel == choices.DROPOUT:
+        output = backend.dropout_attention(query, key, value, mask, scale, dropout, seed)
+        weights = None
     else:
         output = fused_kernels.attend(chosen, query, key, value, mask, scale, causal_flag)
         weights = None

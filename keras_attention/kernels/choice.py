@@ -12,6 +12,10 @@ matches decides. The timings behind the reasons are in benchmarks/README.md
          normalization (hard attention)                          (additive, bilinear) and any
                                                                  normalization
     3    weights returned, or dropout in training      explicit  fused kernels never form them
+         ... but dropout with `dropout_kernel`,        dropout   the explicit arithmetic in the
+         weights not returned, equal head sizes                  backend's terms (torch: fewer
+                                                                 ops, cheaper masks, guards only
+                                                                 for non-finite keys/values)
     4    value head size != key head size              explicit  Keras's fused kernels need both
                                                                  sizes equal
     5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
@@ -38,6 +42,7 @@ from keras_attention.kernels import blocked
 from keras_attention.kernels import chunked
 
 EXPLICIT = "explicit"
+DROPOUT = "dropout"
 FUSED = "fused"
 BLOCKED = "blocked"
 CHUNKED = "chunked"
@@ -104,13 +109,13 @@ def choose_kernel(
     Returns:
         A `Choice`.
     """
-    row = takes_fused(
-        fused, dot_product, weights_needed, dropout_active,
-        key_shape[-1] == value_shape[-1],
-    )
+    same_head_sizes = key_shape[-1] == value_shape[-1]
+    row = takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_sizes)
+    preferences = preferences or backend.preferences()
+    if row == 3 and not weights_needed and same_head_sizes and preferences.dropout_kernel:
+        return Choice(DROPOUT, 3)
     if row:
         return Choice(EXPLICIT, row)
-    preferences = preferences or backend.preferences()
     extras = dict(
         compute_dtype=backend.kernel_dtype(dtype),
         guard_with_cond=preferences.guard_with_cond or cached,

@@ -16,6 +16,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention import backend
 from keras_attention import masking
 
 _HALF_DTYPES = ("float16", "bfloat16")
@@ -171,13 +172,20 @@ def attention(
     ((1, 2, 4), (1, 2, 3))
     """
     _validation.check_rate("dropout", dropout)
-    key, value, bad = sanitize_nonfinite(key, value)  # bad: (..., S)
+    # Where the backend can tell eagerly that nothing is non-finite (torch),
+    # the guards are skipped: they are most of the kernel's elementwise work.
+    bad = None
+    if not backend.all_finite(key, value):
+        key, value, bad = sanitize_nonfinite(key, value)  # bad: (..., S)
     scores = scorer(query, key)  # (..., T, S)
     weights = normalize(scores, mask)  # (..., T, S)
     if training and dropout > 0.0:
-        weights = keras.random.dropout(weights, dropout, seed=seed)
+        weights = backend.dropout(weights, dropout, seed)
     weights = ops.cast(weights, value.dtype)
     output = ops.matmul(weights, value)  # (..., T, Dv)
-    visible = bad[..., None, :] if mask is None else ops.logical_and(mask, bad[..., None, :])
-    output = poison_outputs(output, ops.any(visible, axis=-1, keepdims=True))  # (..., T, 1)
+    if bad is not None:
+        visible = (
+            bad[..., None, :] if mask is None else ops.logical_and(mask, bad[..., None, :])
+        )
+        output = poison_outputs(output, ops.any(visible, axis=-1, keepdims=True))  # (..., T, 1)
     return output, weights

@@ -18,6 +18,7 @@ from keras_attention import _validation
 from keras_attention import activations
 from keras_attention import masking
 from keras_attention import scoring
+from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
@@ -201,7 +202,7 @@ class BlockArguments:
         )
 
     def residual_dropout(self, name, seed_offset, dtype):
-        return keras.layers.Dropout(
+        return Dropout(
             self.dropout, seed=self.seed_at(seed_offset), dtype=dtype, name=name
         )
 

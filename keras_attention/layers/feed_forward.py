@@ -9,6 +9,7 @@ import keras
 from keras_attention import _validation
 from keras_attention import activations
 from keras_attention.layers import _projection
+from keras_attention.layers._dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -145,7 +146,7 @@ class FeedForward(keras.layers.Layer):
             self.gate_dense.build(inputs_shape)
         self.output_dense = self._dense(output_dim, "output_dense")
         self.output_dense.build(hidden_shape)
-        self.dropout_layer = keras.layers.Dropout(
+        self.dropout_layer = Dropout(
             self.dropout,
             seed=self.seed,
             dtype=self.dtype_policy,

@@ -6,6 +6,7 @@ Shape legend: `B` batch, `T` length, `D` width, `C` classes.
 import keras
 
 from keras_attention import _validation
+from keras_attention.layers._dropout import Dropout
 from keras_attention.models.bert_encoder import BertEncoder
 
 
@@ -66,7 +67,7 @@ class BertClassifier(keras.Model):
         self.activation = keras.activations.get(activation)
         self.dropout = _validation.check_rate("dropout", dropout)
         self.seed = _validation.check_seed("seed", seed)
-        self.output_dropout = keras.layers.Dropout(
+        self.output_dropout = Dropout(
             dropout, seed=seed, dtype=self.dtype_policy, name="output_dropout"
         )
         self.output_dense = keras.layers.Dense(

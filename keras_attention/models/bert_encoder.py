@@ -9,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.transformer_encoder import TransformerEncoder
 from keras_attention.models import _keras_hub
@@ -131,7 +132,7 @@ class BertEncoder(keras.layers.Layer):
         self.embeddings_layer_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
         )
-        self.embeddings_dropout = keras.layers.Dropout(
+        self.embeddings_dropout = Dropout(
             dropout, seed=seed, dtype=dtype, name="embeddings_dropout"
         )
         # Encoder blocks.

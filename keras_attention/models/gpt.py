@@ -14,6 +14,7 @@ from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
+from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
@@ -143,7 +144,7 @@ class GPT(layouts.TensorParallel, keras.Model):
             dtype=self.dtype_policy,
             name="embedding",
         )
-        self.embedding_dropout = keras.layers.Dropout(
+        self.embedding_dropout = Dropout(
             dropout, seed=seed, dtype=self.dtype_policy, name="embedding_dropout"
         )
         # Decoder blocks, with the final layer norm of a pre-norm stack.

@@ -16,6 +16,7 @@ from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
+from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_decoder import TransformerDecoder
@@ -202,7 +203,7 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             self.decoder_embedding_norm = keras.layers.LayerNormalization(
                 epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_embedding_norm"
             )
-        self.embedding_dropout = keras.layers.Dropout(
+        self.embedding_dropout = Dropout(
             dropout, seed=seed, dtype=dtype, name="embedding_dropout"
         )
         # Encoder and decoder stacks.

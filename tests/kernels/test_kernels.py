@@ -59,7 +59,7 @@ PREFERENCES = {
     "jax": backend.Preferences(
         blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False
     ),
-    "torch": backend.Preferences(linear_projections=True),
+    "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }
 
 
@@ -85,7 +85,22 @@ def _choose(t=8, s=8, v=K, preferences=None, **kwargs):
 def test_explicit_rows_come_first_on_every_backend(kwargs, row):
     for preferences in PREFERENCES.values():
         got = _choose(preferences=preferences, **kwargs)
-        assert (got.kernel, got.row) == (choice.EXPLICIT, row)
+        # Dropout alone goes to a backend's own dropout kernel (torch).
+        own = preferences.dropout_kernel and list(kwargs) == ["dropout_active"]
+        assert (got.kernel, got.row) == (choice.DROPOUT if own else choice.EXPLICIT, row)
+
+
+def test_dropout_kernel_row_needs_every_condition():
+    torch = PREFERENCES["torch"]
+    assert _choose(preferences=torch, dropout_active=True) == choice.Choice(choice.DROPOUT, 3)
+    for kwargs in (
+        dict(fused=False),
+        dict(dot_product=False),
+        dict(weights_needed=True),
+        dict(v=K + 1),
+    ):
+        got = _choose(preferences=torch, dropout_active=True, **kwargs)
+        assert got.kernel == choice.EXPLICIT, kwargs
 
 
 def test_table_rows_per_backend_preferences():

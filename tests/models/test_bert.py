@@ -216,6 +216,26 @@ def test_trains_on_keras_hub_preprocessor_outputs_in_tf_data():
 # Fill-mask.
 
 
+def test_training_with_dropout_takes_the_backend_dropout_kernel():
+    # With attention dropout (BERT's 0.1) every block's attention runs the
+    # backend's dropout kernel where it has one (torch), else the explicit
+    # kernel; inference stays on the fused kernels.
+    from keras_attention import backend
+    from keras_attention import kernels
+    from keras_attention.kernels import choice
+
+    model = _model(dropout=0.1)
+    inputs = _inputs()
+    with kernels.tracing() as taken:
+        trained = harness.to_numpy(model(inputs, training=True))
+    kernel = choice.DROPOUT if backend.preferences().dropout_kernel else choice.EXPLICIT
+    assert [chosen.kernel for _, chosen in taken] == [kernel] * 2
+    with kernels.tracing() as taken:
+        inference = harness.to_numpy(model(inputs))
+    assert all(chosen.kernel not in (choice.EXPLICIT, choice.DROPOUT) for _, chosen in taken)
+    assert np.all(np.isfinite(trained)) and not np.allclose(trained, inference)
+
+
 def test_fill_mask_returns_the_top_tokens_and_probabilities(model):
     ids = np.array([[5, MASK_ID, 7, 8, MASK_ID, 9], [6, 7, MASK_ID, 10, 11, 12]], "int32")
     results = model.fill_mask(ids, MASK_ID, top_k=3)
