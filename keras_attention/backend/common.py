@@ -58,6 +58,15 @@ def unless_nonfinite(output, recompute):
     return ops.cond(finite, lambda: output, recompute)
 
 
+def when_finite(inputs, attempt, recompute):
+    # Decided before either computation runs, from the inputs: a `cond` on
+    # the attempt's own output would differentiate the discarded attempt
+    # too, and its gradient is `0 * NaN` at a masked NaN.
+    finite = [ops.all(ops.isfinite(x)) for x in inputs]
+    finite = finite[0] if len(finite) == 1 else ops.all(ops.stack(finite))
+    return ops.cond(finite, attempt, recompute)
+
+
 def kernel_dtype(dtype):
     return dtype
 

@@ -25,6 +25,7 @@ linear = common.linear
 fori_loop = common.fori_loop
 after = common.after
 unless_nonfinite = common.unless_nonfinite
+when_finite = common.when_finite
 decoder_step = common.decoder_step
 block_step = common.block_step
 

@@ -21,6 +21,7 @@ PREFERENCES = Preferences(
 
 linear = common.linear
 unless_nonfinite = common.unless_nonfinite
+when_finite = common.when_finite
 kernel_dtype = common.kernel_dtype
 decoder_step = common.decoder_step
 block_step = common.block_step
