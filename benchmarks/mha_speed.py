@@ -7,8 +7,15 @@ ratio `peer time / our time` (above 1: ours is faster) and the achieved
 GFLOP/s against the float32 matmul rate of the machine, measured in the same
 process.
 
-    python benchmarks/mha_speed.py                      # all backends
+    python benchmarks/mha_speed.py                      # all backends, both paths
     python benchmarks/mha_speed.py --backends torch --lengths 128,512
+    python benchmarks/mha_speed.py --path fit           # the fit path alone
+
+Two paths: `kernel`, the layer alone in a step of its own (forward, and
+forward+backward with the input's gradient), and `fit`, what users run: one
+`train_on_batch` of a compiled functional model around the layer (SGD, mean
+squared error, the batch unknown to the model's input), `ours` against
+`keras` only.
 
 Cases:
 - `ours`: keras_attention.layers.MultiHeadAttention (self-attention);
