@@ -7,8 +7,15 @@ ratio `peer time / our time` (above 1: ours is faster) and the achieved
 GFLOP/s against the float32 matmul rate of the machine, measured in the same
 process.
 
-    python benchmarks/mha_speed.py                      # all backends
+    python benchmarks/mha_speed.py                      # all backends, both paths
     python benchmarks/mha_speed.py --backends torch --lengths 128,512
+    python benchmarks/mha_speed.py --path fit           # the fit path alone
+
+Two paths: `kernel`, the layer alone in a step of its own (forward, and
+forward+backward with the input's gradient), and `fit`, what users run: one
+`train_on_batch` of a compiled functional model around the layer (SGD, mean
+squared error, the batch unknown to the model's input), `ours` against
+`keras` only.
 
 Cases:
 - `ours`: keras_attention.layers.MultiHeadAttention (self-attention);
@@ -87,6 +94,21 @@ def _make_runner(name, layer, x, causal, backward):
     return step
 
 
+def _fit_runner(layer, x, causal):
+    """One `train_on_batch` of a compiled functional model around `layer`:
+    the path users take (Keras builds and compiles the step: a
+    `tf.function`, a `jax.jit`, torch eagerly)."""
+    import keras
+    import numpy as np
+
+    inputs = keras.Input(tuple(x.shape[1:]))
+    model = keras.Model(inputs, layer(inputs, inputs, use_causal_mask=causal))
+    model.compile(optimizer="sgd", loss="mse")
+    x_np = np.asarray(keras.ops.convert_to_numpy(x))
+    y_np = np.zeros_like(x_np)
+    return lambda: model.train_on_batch(x_np, y_np)
+
+
 def _torch_runners(x, heads, causal, backward):
     import torch
 
@@ -148,6 +170,7 @@ def worker(args):
     width = heads * head_dim
     rows = []
     peak = _matmul_rate(args.repeats + 2)
+    paths = ("kernel", "fit") if args.path == "both" else (args.path,)
     for length in [int(n) for n in args.lengths.split(",")]:
         rng = np.random.default_rng(0)
         x_np = rng.normal(size=(args.batch, length, width)).astype("float32")
@@ -159,8 +182,23 @@ def worker(args):
         ours = MultiHeadAttention.from_keras(peer)
         toggle = MultiHeadAttention.from_keras(peer)
         toggle.fuse_projections = not ours.fuse_projections
-        for causal in (False, True):
-            for backward in (False, True):
+        cases = [
+            (path, causal, backward)
+            for path in paths
+            for causal in (False, True)
+            for backward in ((True,) if path == "fit" else (False, True))
+        ]
+        for path, causal, backward in cases:
+            if path == "fit":
+                # Fresh layers of the same weights: a layer joins one model.
+                fit_peer = keras.layers.MultiHeadAttention(heads, head_dim)
+                fit_peer.build(x.shape, x.shape)
+                fit_peer.set_weights(peer.get_weights())
+                runners = {
+                    "ours": _fit_runner(MultiHeadAttention.from_keras(fit_peer), x, causal),
+                    "keras": _fit_runner(fit_peer, x, causal),
+                }
+            else:
                 runners = {
                     "ours": _make_runner("ours", ours, x, causal, backward),
                     "keras": _make_runner("keras", peer, x, causal, backward),
@@ -168,33 +206,33 @@ def worker(args):
                 }
                 if backend == "torch":
                     runners.update(_torch_runners(x, heads, causal, backward))
-                for run in runners.values():  # warm-up and compilation
+            for run in runners.values():  # warm-up and compilation
+                run()
+                run()
+            times = {name: [] for name in runners}
+            for _ in range(args.repeats):  # interleaved: A B C A B C ...
+                for name, run in runners.items():
+                    start = time.perf_counter()
                     run()
-                    run()
-                times = {name: [] for name in runners}
-                for _ in range(args.repeats):  # interleaved: A B C A B C ...
-                    for name, run in runners.items():
-                        start = time.perf_counter()
-                        run()
-                        times[name].append(time.perf_counter() - start)
-                medians = {name: statistics.median(t) for name, t in times.items()}
-                flops = _flops(args.batch, length, width, heads, head_dim)
-                flops *= 3 if backward else 1
-                rows.append(
-                    {
-                        "backend": backend,
-                        "length": length,
-                        "causal": causal,
-                        "pass": "fwd+bwd" if backward else "fwd",
-                        "medians_ms": {n: m * 1e3 for n, m in medians.items()},
-                        "ratios": {
-                            n: m / medians["ours"] for n, m in medians.items() if n != "ours"
-                        },
-                        "ours_gflops": flops / medians["ours"] / 1e9,
-                        "matmul_gflops": peak,
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+                    times[name].append(time.perf_counter() - start)
+            medians = {name: statistics.median(t) for name, t in times.items()}
+            flops = _flops(args.batch, length, width, heads, head_dim)
+            flops *= 3 if backward else 1
+            rows.append(
+                {
+                    "backend": backend,
+                    "length": length,
+                    "causal": causal,
+                    "pass": "fit" if path == "fit" else ("fwd+bwd" if backward else "fwd"),
+                    "medians_ms": {n: m * 1e3 for n, m in medians.items()},
+                    "ratios": {
+                        n: m / medians["ours"] for n, m in medians.items() if n != "ours"
+                    },
+                    "ours_gflops": flops / medians["ours"] / 1e9,
+                    "matmul_gflops": peak,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
 
 
 def main():
@@ -205,6 +243,11 @@ def main():
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--path", choices=("kernel", "fit", "both"), default="both",
+        help="kernel: the layer alone in a step of its own; fit: a compiled "
+        "functional model's train_on_batch",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -223,7 +266,7 @@ def main():
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
         command = [sys.executable, __file__, "--worker"]
-        for flag in ("lengths", "batch", "heads", "head_dim", "repeats"):
+        for flag in ("lengths", "batch", "heads", "head_dim", "repeats", "path"):
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         for line in proc.stdout:
@@ -233,7 +276,8 @@ def main():
             m, r = row["medians_ms"], row["ratios"]
             print(
                 f"{backend:<11}{row['length']:>5} {str(row['causal']):<7}{row['pass']:<8}"
-                f"{m['ours']:>9.1f}{m['keras']:>10.1f}{r['keras']:>11.2f}{r['toggle']:>12.2f}"
+                f"{m['ours']:>9.1f}{m['keras']:>10.1f}{r['keras']:>11.2f}"
+                f"{r.get('toggle', float('nan')):>12.2f}"
                 f"{m.get('sdpa', float('nan')):>9.1f}{m.get('torch_mha', float('nan')):>9.1f}"
                 f"{r.get('torch_mha', float('nan')):>15.2f}"
                 f"{row['ours_gflops']:>9.1f}{row['matmul_gflops']:>8.1f}",

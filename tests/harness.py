@@ -76,7 +76,7 @@ def input_gradients(fn, inputs, cotangent, jit=False):
 
     Uses the backend's own autodiff. `cotangent` is an array, or a function
     of the output's shape that makes one. `jit=True` compiles the gradient
-    as a whole on JAX.
+    as a whole on JAX and traces it into a graph on TensorFlow.
     """
     backend = keras.backend.backend()
 
@@ -88,11 +88,17 @@ def input_gradients(fn, inputs, cotangent, jit=False):
         import tensorflow as tf
 
         xs = [tf.constant(x) for x in inputs]
-        with tf.GradientTape() as tape:
-            tape.watch(xs)
-            out = tf.cast(fn(*xs), "float32")
-            loss = tf.reduce_sum(out * weights(out))
-        grads = tape.gradient(loss, xs)
+
+        def gradients(*xs):
+            with tf.GradientTape() as tape:
+                tape.watch(xs)
+                out = tf.cast(fn(*xs), "float32")
+                loss = tf.reduce_sum(out * weights(out))
+            return tape.gradient(loss, xs)
+
+        # A graph, as `fit` runs: a `cond` is differentiated as a graph op
+        # there, and as a Python `if` eagerly.
+        grads = (tf.function(gradients) if jit else gradients)(*xs)
     elif backend == "jax":
         import jax
         import jax.numpy as jnp

@@ -50,6 +50,13 @@ def unless_nonfinite(output, recompute):
     return current().unless_nonfinite(output, recompute)
 
 
+def when_finite(inputs, attempt, recompute):
+    """`attempt()` if every tensor of `inputs` is all finite, else
+    `recompute()` (same shape and dtype); only the branch taken is
+    differentiated."""
+    return current().when_finite(inputs, attempt, recompute)
+
+
 def kernel_dtype(dtype):
     """The dtype the backend's fused kernel can run `dtype` inputs in."""
     return current().kernel_dtype(dtype)
@@ -183,4 +190,5 @@ __all__ = [
     "preferences",
     "stateless_uniform",
     "unless_nonfinite",
+    "when_finite",
 ]

@@ -28,6 +28,7 @@ unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite
 dropout = common.dropout
 dropout_attention = common.dropout_attention
+when_finite = common.when_finite
 decoder_step = common.decoder_step
 block_step = common.block_step
 

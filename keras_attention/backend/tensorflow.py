@@ -1,10 +1,13 @@
 """TensorFlow: the blocked kernel for every static shape, chunks, XLA loops.
 
 Measured on a 2-core CPU (benchmarks/README.md): the blocked kernel runs
-1.2-1.8x as fast as Keras's TensorFlow kernel; self-attention's Q/K/V as one
-matmul is faster here (and only here); Keras's kernel repeats key/value heads
-only for more than one key/value head, so multi-query attention repeats them
-itself.
+1.2-1.8x as fast as Keras's TensorFlow kernel; Keras's kernel repeats
+key/value heads only for more than one key/value head, so multi-query
+attention repeats them itself. Self-attention's Q/K/V as one matmul
+(`fuse_projections`) was faster for the layer alone, but on the path users
+take, a compiled model's `train_on_batch`, the three projections ran
+1.07-1.13x as fast as the one matmul at 128, 512 and 1,024 tokens (interleaved,
+benchmarks/README.md), so it is off here too.
 """
 
 import tensorflow as tf
@@ -16,7 +19,6 @@ PREFERENCES = Preferences(
     blocked="always",
     chunk_long_queries=True,
     repeat_single_key_value_head=True,
-    fuse_projections=True,
 )
 
 linear = common.linear
@@ -24,6 +26,7 @@ unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite
 dropout = common.dropout
 dropout_attention = common.dropout_attention
+when_finite = common.when_finite
 kernel_dtype = common.kernel_dtype
 decoder_step = common.decoder_step
 block_step = common.block_step

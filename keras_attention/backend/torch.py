@@ -84,6 +84,14 @@ def all_finite(*tensors):
     return bool(torch.isfinite(total))
 
 
+def when_finite(inputs, attempt, recompute):
+    # Eager: one branch runs, chosen by the sum `all_finite` reads back.
+    finite = all_finite(*inputs)
+    if finite is None:
+        return common.when_finite(inputs, attempt, recompute)
+    return attempt() if finite else recompute()
+
+
 @torch._dynamo.disable()  # torch.Generator is not traceable (as in Keras)
 def _generator(seed, device):
     """A generator seeded as Keras's torch dropout seeds one: from the next

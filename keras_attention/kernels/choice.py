@@ -32,7 +32,11 @@ as a `cond` that recomputes only when an output is non-finite, or always
 (`guard_with_cond=False`: XLA fuses the masked computation, while a `cond`
 stops fusion and keeps both branches for the backward pass). Attending to a
 cache always takes the `cond`: zeroing would read and write the whole cache
-at every decoding step.
+at every decoding step. The `cond` decides from the keys' and values'
+finiteness (`guard_on_inputs`), so that only the branch taken is computed
+and differentiated; a cache read decides from the output instead, one
+reduction over `T` queries rather than over the whole cache (a decoding
+step, whose gradient at a masked NaN may be NaN).
 """
 
 import dataclasses
@@ -59,6 +63,7 @@ class Choice:
     compute_dtype: str = None
     chunk_size: int = None
     guard_with_cond: bool = True
+    guard_on_inputs: bool = True
 
 
 def takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_sizes):
@@ -119,6 +124,7 @@ def choose_kernel(
     extras = dict(
         compute_dtype=backend.kernel_dtype(dtype),
         guard_with_cond=preferences.guard_with_cond or cached,
+        guard_on_inputs=not cached,
     )
     batch, query_length, heads = query_shape[:3]
     key_length = key_shape[1]

@@ -59,11 +59,17 @@ def masked_kernel(choice, q, k, v, mask, scale, is_causal):
 def attend(choice, q, k, v, mask, scale, is_causal):
     """A fused kernel that keeps both rules.
 
-    A finite output proves nothing leaked (a leak makes NaN), so the plain
-    kernel's output is kept when it is finite, and only otherwise is the
-    attention recomputed with non-finite positions zeroed and NaN given back
-    to the queries that may see one: the check costs one reduction over the
-    output instead of passes over every key and value.
+    Finite keys and values cannot leak, so with `choice.guard_on_inputs`
+    the plain kernel runs when they are all finite, and only otherwise is
+    the attention recomputed with non-finite positions zeroed and NaN given
+    back to the queries that may see one: the check costs one reduction
+    over the keys and values. The branch is decided from the inputs, not
+    from the plain kernel's output, because a `cond` on the output would
+    differentiate the plain kernel too, kept or not: its gradient at a
+    masked NaN key is `0 * NaN` (`dQ = dS K` with `dS = 0` there), and at a
+    masked NaN value its output is NaN, which `D = rowsum(dO * O)` spreads
+    over the whole row. A cache read (`guard_on_inputs=False`) checks the
+    output instead: one reduction over `T` queries, not the whole cache.
 
     Args:
         choice: a `choice.Choice` of a fused kernel.
@@ -97,5 +103,11 @@ def attend(choice, q, k, v, mask, scale, is_causal):
 
     if not choice.guard_with_cond:
         return recompute()
+    if choice.guard_on_inputs:
+        return backend.when_finite(
+            (k, v),
+            lambda: masked_kernel(choice, q, k, v, mask, scale, is_causal),
+            recompute,
+        )
     output = masked_kernel(choice, q, k, v, mask, scale, is_causal)
     return backend.unless_nonfinite(output, recompute)

@@ -155,35 +155,69 @@ def test_chunked_gradients_equal_the_plain_paths(causal_flag):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("with_nan", [False, True])
-def test_fully_masked_rows_and_masked_nan_keep_gradients_finite_and_exact(with_nan):
+@pytest.mark.parametrize("guard_with_cond", [False, True], ids=["always", "cond"])
+@pytest.mark.parametrize("nan_in", [None, "key", "value"])
+def test_fully_masked_rows_and_masked_nan_keep_gradients_finite_and_exact(
+    nan_in, guard_with_cond
+):
     # Through the guards of `fused.attend`: a query that sees nothing gets 0
-    # and no gradient; a masked value holding NaN reaches nothing. With NaN
-    # the guard recomputes always (JAX's): under the `cond` guard the
-    # gradient of the first, discarded attempt is `0 * NaN` on either path.
+    # and no gradient; a masked key or value holding NaN reaches nothing,
+    # gradients included, under either guard. (The `cond` guard once
+    # decided from the plain kernel's output and so differentiated it even
+    # when it recomputed: `0 * NaN`.)
     t, s = 7, 8
     q, k, v = _normal((B, t, H, K), 1), _normal((B, s, H, K), 2), _normal((B, s, H, K), 3)
-    if with_nan:
-        v[:, -1] = np.nan
+    if nan_in is not None:
+        (k if nan_in == "key" else v)[:, -1] = np.nan
     d_output = _normal((B, t, H, K), 4)
     mask = np.random.default_rng(7).random((B, 1, t, s)) > 0.3
-    mask[..., -1] = False  # nobody sees the NaN value
+    mask[..., -1] = False  # nobody sees the NaN
     mask[..., 0] = True
     mask[0, 0, 2] = False  # a query that sees nothing
     mask[1, 0, 5] = False
-    plain, chunks = _plain_and_chunked(mask, False, guard_with_cond=not with_nan)
+    plain, chunks = _plain_and_chunked(mask, False, guard_with_cond=guard_with_cond)
     out = harness.to_numpy(chunks(q, k, v))
     assert np.all(out[0, 2] == 0) and np.all(out[1, 5] == 0)
     np.testing.assert_allclose(out, harness.to_numpy(plain(q, k, v)), rtol=1e-5, atol=1e-5)
     allowed = mask & np.ones((B, H, t, s), bool)
-    clean_v = np.where(np.isnan(v), 0.0, v)
-    _, expected = _reference(q, k, clean_v, allowed, 0.5, d_output)
+    clean_k, clean_v = (np.where(np.isnan(x), 0.0, x) for x in (k, v))
+    expected_output, expected = _reference(q, clean_k, clean_v, allowed, 0.5, d_output)
+    np.testing.assert_allclose(out, expected_output, rtol=1e-5, atol=1e-5)
     mine = _gradients(chunks, [q, k, v], d_output)
     theirs = _gradients(plain, [q, k, v], d_output)
-    for got, plain_grad, want in zip(mine, theirs, expected):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, plain_grad, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for name, got, plain_grad, want in zip("qkv", mine, theirs, expected):
+        # The NaN position itself takes no gradient (it is masked): 0.
+        assert np.all(np.isfinite(got)), f"d{name}"
+        assert np.all(np.isfinite(plain_grad)), f"plain d{name}"
+        np.testing.assert_allclose(got, plain_grad, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize("nan_in", ["key", "value"])
+def test_causal_flag_masked_nan_keeps_gradients_finite_under_the_cond_guard(nan_in):
+    # The causal flag hides the later keys: NaN in the last key or value
+    # reaches only the last query, whose output is NaN; every other query's
+    # output and every gradient it sends elsewhere stay exact.
+    t = s = 9
+    q, k, v = _normal((B, t, H, K), 1), _normal((B, s, H, K), 2), _normal((B, s, H, K), 3)
+    (k if nan_in == "key" else v)[:, -1] = np.nan
+    d_output = _normal((B, t, H, K), 4)
+    d_output[:, -1] = 0.0  # the poisoned query sends no gradient
+    plain, chunks = _plain_and_chunked(None, True, guard_with_cond=True)
+    clean_k, clean_v = (np.where(np.isnan(x), 0.0, x) for x in (k, v))
+    allowed = np.broadcast_to(ref.causal_mask(t, s), (B, H, t, s))
+    expected_output, expected = _reference(q, clean_k, clean_v, allowed, 0.5, d_output)
+    for attend in (plain, chunks):
+        out = harness.to_numpy(attend(q, k, v))
+        assert np.all(np.isnan(out[:, -1])) and np.all(np.isfinite(out[:, :-1]))
+        np.testing.assert_allclose(out[:, :-1], expected_output[:, :-1], rtol=1e-5, atol=1e-5)
+        # The poisoned output is `where(sees_bad, NaN, ...)`: no gradient
+        # flows back through the NaN, so the last query's own gradients
+        # are those of the clean inputs with a zero output gradient.
+        grads = _gradients(attend, [q, k, v], d_output)
+        for name, got, want in zip("qkv", grads, expected):
+            assert np.all(np.isfinite(got)), f"d{name}"
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
 
 
 def test_the_backward_pass_is_the_written_one(monkeypatch):

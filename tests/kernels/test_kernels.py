@@ -54,7 +54,6 @@ PREFERENCES = {
         blocked="always",
         chunk_long_queries=True,
         repeat_single_key_value_head=True,
-        fuse_projections=True,
     ),
     "jax": backend.Preferences(
         blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False

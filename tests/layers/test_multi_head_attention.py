@@ -1245,7 +1245,7 @@ def test_filled_cross_attention_cache_equals_uncached(num_key_value_heads):
 def test_self_attention_projections_fused_into_one_matmul(monkeypatch, kwargs):
     x = _normal((B, T, DQ), seed=3)
     fused = _built(_mha(**kwargs), x, x)
-    fused.fuse_projections = True  # the default on TensorFlow only
+    fused.fuse_projections = True  # an option, no backend's default
     split = _twin(fused, x, x)
     split.fuse_projections = False
     taken = []
