@@ -1,5 +1,7 @@
 """What the GPU scripts measure besides the example's own metric.
 
+- `train_example`: the options the scripts share, and the example's
+  `train.main` run on its preset in bfloat16.
 - `PEAKS`: dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the
   vendors' data sheets, for the MFU.
 - `step_seconds`: the median time of one compiled training step on a fixed
@@ -13,11 +15,40 @@
   XLA's.
 """
 
+import argparse
 import collections
+import os
 import statistics
+import sys
 import time
 
 PEAKS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+
+
+def train_example(description, example, output_dir, extra=()):
+    """Parses the command line (`--backend`, `--steps`, `--preset`,
+    `--peak-tflops`, `--output-dir`), selects the backend, then runs
+    `train.main` of the example folder `example` on the preset in bfloat16
+    with `extra` options; returns `(args, the result train.main returns)`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
+    parser.add_argument("--steps", type=int, help="default: the preset's")
+    parser.add_argument("--preset", default="gpu", choices=["gpu", "tiny"])
+    parser.add_argument("--peak-tflops", type=float, default=PEAKS["H200"], help="H100/H200 bf16")
+    parser.add_argument("--output-dir", default=output_dir)
+    args = parser.parse_args()
+    os.environ["KERAS_BACKEND"] = args.backend
+    sys.path.insert(0, str(example))
+    import train  # noqa: E402  (after KERAS_BACKEND)
+
+    argv = ["--tiny"] if args.preset == "tiny" else ["--config", "gpu"]
+    # `--jit` is XLA on TensorFlow (JAX always compiles); torch runs eagerly
+    # with the package's torch fast paths (`torch.compile` is not wired).
+    argv += ["--jit"] if args.backend == "tensorflow" else []
+    argv += ["--mixed-precision", "--fresh", "--output-dir", args.output_dir, *extra]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    return args, train.main(argv)
 
 
 def step_seconds(model, x, y, sample_weight=None, steps=20, warmup=3):

@@ -20,40 +20,21 @@ times the training step on a batch of the preset's shape and prints
     python benchmarks/gpu/train_bert_gpu.py --preset tiny    # seconds, on a CPU
 """
 
-import argparse
-import os
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-EXAMPLE = HERE.parents[1] / "examples" / "bert_mlm"
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _measure  # noqa: E402
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "bert_mlm"
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
-    parser.add_argument("--steps", type=int, help="default: the preset's")
-    parser.add_argument("--preset", default="gpu", choices=["gpu", "tiny"])
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100/H200 bf16")
-    parser.add_argument("--output-dir", default="bert_mlm_gpu_output")
-    args = parser.parse_args()
-    os.environ["KERAS_BACKEND"] = args.backend
-    sys.path.insert(0, str(HERE))
-    sys.path.insert(0, str(EXAMPLE))
-    import numpy as np
-
-    import _measure
-    import train  # noqa: E402  (after KERAS_BACKEND)
-
-    argv = ["--tiny"] if args.preset == "tiny" else ["--config", "gpu"]
-    # `--jit` is XLA on TensorFlow (JAX always compiles); torch runs eagerly
-    # with the package's torch fast paths (`torch.compile` is not wired).
-    argv += ["--jit"] if args.backend == "tensorflow" else []
-    argv += ["--mixed-precision", "--fresh", "--pretrain-only",
-             "--output-dir", args.output_dir]
-    if args.steps:
-        argv += ["--steps", str(args.steps)]
-    result = train.main(argv)
+    args, result = _measure.train_example(
+        __doc__.splitlines()[0], EXAMPLE, "bert_mlm_gpu_output", extra=("--pretrain-only",)
+    )
     model, config = result["model"], result["config"]
 
     rows, length, masks = config.batch_size, config.sequence_length, config.mask_selection_length
