@@ -173,8 +173,8 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
     def get_lr(it):
         if it < warmup_iters:
             return learning_rate * (it + 1) / (warmup_iters + 1)
-        if it > lr_decay_iters:
-            return min_lr
+        if it >= lr_decay_iters:  # nanoGPT's `>`, the same value; spares 0/0 when
+            return min_lr  # a short run ends within the warm-up
         ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
