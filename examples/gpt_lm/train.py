@@ -155,8 +155,8 @@ def estimate_batches(ids, config, split, step):
     random batches of `batch_size` windows of `ids`, as nanoGPT's
     `estimate_loss` draws, as one `(inputs, targets)` pair `(N B, T)`. All
     batches have the same size, so the mean over the pair is the mean of the
-    N batch means. Drawn from `(seed, split, step)`: a resumed run draws the
-    same windows."""
+    N batch means. Drawn from `(seed, split, step)` (`split`: 0 training, 1
+    validation): a resumed run draws the same windows."""
     rng = np.random.default_rng((config.seed, split, step))
     length = config.context_length
     starts = rng.integers(0, len(ids) - length, config.eval_batches * config.batch_size)
@@ -185,7 +185,7 @@ class Evaluation:
 
             losses = {}
             for split in splits:
-                pair = estimate_batches(self.ids[split], self.config, split == "val", step)
+                pair = estimate_batches(self.ids[split], self.config, int(split == "val"), step)
                 # One batch of N B windows: one call, one shape to compile.
                 batch = distribute.even_batches(
                     tf.data.Dataset.from_tensors(pair), self.distribution
@@ -256,8 +256,9 @@ def compile_model(model, config, jit_compile="auto"):
 def steps_per_execution(config):
     """Training steps per call of the compiled train function: a whole
     evaluation interval where the backend can (TensorFlow runs them in one
-    `tf.function` loop, JAX saves the per-step callback dispatch), 1 on torch
-    (Keras allows no more). The callbacks only act at the ends of intervals,
+    `tf.function` loop; on JAX Keras still calls the compiled step per batch,
+    with fewer trips through `fit`'s loop), 1 on torch (Keras allows no
+    more). The callbacks only act at the ends of intervals,
     so this changes no result."""
     return 1 if keras.backend.backend() == "torch" else config.eval_interval
 
@@ -428,9 +429,10 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, evalu
             initial_epoch=start_step // config.eval_interval,
             epochs=epochs,
             steps_per_epoch=config.eval_interval,
-            # Evaluated by `checkpointer` at the end of each interval: the
-            # whole split, or nanoGPT's estimate of both splits.
-            # The metrics of every interval, appended across resumes.
+            # No `validation_data`: `checkpointer` evaluates at the end of
+            # each interval (the whole split, or nanoGPT's estimate of both
+            # splits), on its own clock. CSVLogger: the metrics of every
+            # interval, appended across resumes.
             callbacks=[checkpointer, keras.callbacks.CSVLogger(output / "log.csv", append=True)],
             shuffle=False,  # the batches are random windows already
             verbose=0,
