@@ -6,6 +6,7 @@ tokenizer, the split and the pipelines it shares with the other examples are
 tested in `test_examples_common.py`.
 """
 
+import gzip
 import json
 import os
 import re
@@ -85,6 +86,49 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     text = "\n".join(_run("sample.py", *args))
     assert text.startswith("ROMEO:")
     assert len(text) == len("ROMEO:") + 24
+
+
+def test_eval_batches_estimates_each_split_from_n_random_batches(tmp_path):
+    """`--eval-batches 2`: every interval evaluates 2 random batches of 4
+    windows of each split, drawn from `(seed, split, step)`; the printed
+    validation loss is the mean cross-entropy over those 8 windows, computed
+    here by hand from the saved model's logits. A resume refuses another N."""
+    output = tmp_path / "run"
+    lines = _run("train.py", "--tiny", "--eval-batches", "2", "--output-dir", str(output))
+    assert any(
+        re.match(r"step 3: loss \S+, val_loss \S+, train_estimate \S+, ", line)
+        for line in lines
+    )
+    assert any(re.match(r"training: [\d.]+ ms/step", line) for line in lines)
+    assert any(re.match(r"time: training [\d.]+ s, evaluation [\d.]+ s", line) for line in lines)
+    log = (output / "log.csv").read_text().splitlines()
+    assert {"val_loss", "train_estimate"} <= set(log[0].split(","))
+
+    # The tiny preset: seed 1337, batches of 4 windows of 16; the estimate
+    # at the last step (6) draws 2 x 4 windows of the validation split.
+    tokenizer = _load("data").load_tokenizer(output / "tokenizer.json")
+    with gzip.open(ROOT / "examples" / "data" / "tinyshakespeare.txt.gz", "rt") as f:
+        ids = tokenizer.encode(f.read())
+    val_ids = ids[int(0.9 * len(ids)):]
+    rng = np.random.default_rng((1337, 1, 6))
+    starts = rng.integers(0, len(val_ids) - 16, 2 * 4)
+    windows = val_ids[starts[:, None] + np.arange(17)]  # (8, 17)
+    model = keras.saving.load_model(output / "model.keras")
+    logits = keras.ops.convert_to_numpy(model(windows[:, :-1])).astype("float64")
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    targets = windows[:, 1:]
+    expected = -np.take_along_axis(log_probs, targets[..., None], -1).mean()
+    assert _val_loss(lines) == pytest.approx(expected, abs=1e-4)
+
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE / "train.py"), "--tiny", "--eval-batches", "3",
+         "--output-dir", str(output)],
+        cwd=ROOT, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode != 0
+    assert "eval_batches: 2 in the checkpoint, 3 now" in result.stderr
 
 
 def test_tiny_run_on_several_devices_matches_one_device(tmp_path):

@@ -9,7 +9,8 @@ Loads `model.keras` (safe mode) and the tokenizer from the training run's
 output directory and continues the prompt. A model's context is its
 `max_sequence_length`; longer texts slide: each `generate` call keeps the last
 half context as its prompt and adds the other half, with the KV cache inside
-each call.
+each call; every call after the first has the same shapes, so the decoding loop
+compiles once for them.
 """
 
 import argparse
@@ -37,13 +38,15 @@ def sample_text(model, prompt_ids, length, temperature=1.0, top_k=None, seed=Non
     step = 0
     while len(produced) < length:
         prompt = np.array([ids[-keep:]], "int32")  # (1, P)
-        new = min(context - prompt.shape[1], length - len(produced))
+        # Always up to the whole context, the extra tokens of the last call
+        # dropped: every call has the same shapes, so it compiles once.
         sampling = "top_k" if top_k else "random"
         output = model.generate(
-            prompt, new, sampling=sampling, temperature=temperature, top_k=top_k,
+            prompt, context - prompt.shape[1], sampling=sampling,
+            temperature=temperature, top_k=top_k,
             seed=None if seed is None else seed + step,
         )
-        fresh = list(output[0, prompt.shape[1]:])
+        fresh = list(output[0, prompt.shape[1]:])[: length - len(produced)]
         produced += fresh
         ids += fresh
         step += 1

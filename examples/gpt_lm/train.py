@@ -2,14 +2,16 @@
 
 Reads top to bottom: config presets -> data (`tf.data`) -> model -> optimizer
 (AdamW, linear warm-up, cosine decay, gradient clipping) -> `model.fit` with
-an evaluation on the whole validation split, a checkpoint and a text sample
-every `eval_interval` steps -> final evaluation.
+an evaluation on the whole validation split (or, with `--eval-batches N`, an
+estimate from N random batches of each split, as nanoGPT), a checkpoint and a
+text sample every `eval_interval` steps -> final evaluation.
 
 Usage:
 
     python examples/gpt_lm/train.py --config cpu              # nanoGPT's CPU config
     python examples/gpt_lm/train.py --config gpu --mixed-precision --jit
     python examples/gpt_lm/train.py --backend jax              # or tensorflow, torch
+    python examples/gpt_lm/train.py --eval-batches 20          # nanoGPT's estimate
     python examples/gpt_lm/train.py --tiny                     # seconds, for tests
     python examples/gpt_lm/train.py --backend jax --distribute data   # every device
 
@@ -18,8 +20,10 @@ optimizer state and schedule included), and refuses options other than the
 checkpoint's; `--fresh` starts over. Checkpoints are written atomically, so a
 run killed at any moment resumes to the weights an uninterrupted run ends
 with. The metrics of every interval go to `log.csv` in the output directory.
-The last line printed is `val_loss: <value>`, the mean cross-entropy in nats
-per token over the whole validation split.
+The summary gives the training time per step and tokens/s with evaluation,
+checkpoints and samples left out, and their own times. The last line printed
+is `val_loss: <value>`, the mean cross-entropy in nats per token over the
+whole validation split (with `--eval-batches N`, over N random batches).
 """
 
 import dataclasses
@@ -51,8 +55,13 @@ class Config:
     bpe_vocabulary_size: int = 512
     context_length: int = 64
     batch_size: int = 12
-    eval_batch_size: int = 64
+    eval_batch_size: int = 256  # windows per batch of the whole-split evaluation
     eval_windows: int | None = None  # None: the whole validation split
+    # None: evaluate the whole validation split. N: estimate the loss of each
+    # split from N random batches of `batch_size` windows, as nanoGPT's
+    # `estimate_loss` (drawn afresh at every evaluation, from the seed and
+    # the step, so a resumed run draws the same ones).
+    eval_batches: int | None = None
     # Model.
     num_layers: int = 4
     num_heads: int = 4
@@ -120,7 +129,8 @@ PRESETS = {
 
 
 def make_data(config, start_step=0, tokenizer=None):
-    """The tokenizer, training and validation datasets, and validation ids."""
+    """The tokenizer, the training dataset, the whole-split validation
+    dataset, and the training and validation ids."""
     text = common.load_text(config.source, config.cache_dir)
     train_text, _ = common.split_ids(np.array(list(text)), 0.9)
     if tokenizer is None:
@@ -137,7 +147,53 @@ def make_data(config, start_step=0, tokenizer=None):
     val = common.consecutive_windows(
         val_ids, config.context_length, config.eval_batch_size, config.eval_windows
     )
-    return tokenizer, train, val, val_ids
+    return tokenizer, train, val, train_ids, val_ids
+
+
+def estimate_batches(ids, config, split, step):
+    """The windows of the loss estimate at `step` (`--eval-batches N`): N
+    random batches of `batch_size` windows of `ids`, as nanoGPT's
+    `estimate_loss` draws, as one `(inputs, targets)` pair `(N B, T)`. All
+    batches have the same size, so the mean over the pair is the mean of the
+    N batch means. Drawn from `(seed, split, step)` (`split`: 0 training, 1
+    validation): a resumed run draws the same windows."""
+    rng = np.random.default_rng((config.seed, split, step))
+    length = config.context_length
+    starts = rng.integers(0, len(ids) - length, config.eval_batches * config.batch_size)
+    windows = ids[starts[:, None] + np.arange(length + 1)]  # (N B, T + 1)
+    return windows[:, :-1], windows[:, 1:]  # (N B, T), (N B, T)
+
+
+class Evaluation:
+    """The losses at a step: the whole validation split (`val_loss`), or
+    with `eval_batches` the estimates of both splits (`train_estimate`,
+    `val_loss`); `seconds` adds up the time spent."""
+
+    def __init__(self, config, val, train_ids, val_ids, distribution):
+        self.config = config
+        self.val = distribute.even_batches(val, distribution)
+        self.ids = {"train": train_ids, "val": val_ids}
+        self.distribution = distribution
+        self.seconds = 0.0
+
+    def __call__(self, model, step, splits=("train", "val")):
+        start = time.perf_counter()
+        if self.config.eval_batches is None:
+            losses = {"val_loss": model.evaluate(self.val, verbose=0)}
+        else:
+            import tensorflow as tf
+
+            losses = {}
+            for split in splits:
+                pair = estimate_batches(self.ids[split], self.config, int(split == "val"), step)
+                # One batch of N B windows: one call, one shape to compile.
+                batch = distribute.even_batches(
+                    tf.data.Dataset.from_tensors(pair), self.distribution
+                )
+                name = "val_loss" if split == "val" else "train_estimate"
+                losses[name] = model.evaluate(batch, verbose=0)
+        self.seconds += time.perf_counter() - start
+        return losses
 
 
 # Model and optimizer.
@@ -190,56 +246,80 @@ def compile_model(model, config, jit_compile="auto"):
             from_logits=True, reduction="mean_with_sample_weight"
         ),
         jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution(config),
     )
     # Built now (the loss-scaling wrapper too, under float16) so that a
     # checkpoint loads into it.
     model.optimizer.build(model.trainable_variables)
 
 
+def steps_per_execution(config):
+    """Training steps per call of the compiled train function: a whole
+    evaluation interval where the backend can (TensorFlow runs them in one
+    `tf.function` loop; on JAX Keras still calls the compiled step per batch,
+    with fewer trips through `fit`'s loop), 1 on torch (Keras allows no
+    more). The callbacks only act at the ends of intervals,
+    so this changes no result."""
+    return 1 if keras.backend.backend() == "torch" else config.eval_interval
+
+
 # Checkpoints.
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """After every `eval_interval` steps: weights + optimizer state, the step.
+    """After every `eval_interval` steps: evaluate, save, sample.
 
+    The evaluation's losses join the epoch's logs (so `log.csv` has them).
     A checkpoint holds everything a resumed run needs: the model weights, the
     optimizer's moments and step counter (so the schedule continues), the
     tokenizer and the config. Writes go to temporary names first, so a run
     killed while saving leaves the previous checkpoint intact.
+
+    The clock: `train_seconds` is the time inside `fit`'s epochs (the
+    training steps); evaluation, checkpoints and samples are timed apart.
     """
 
-    def __init__(self, directory, config, tokenizer, interval, val_ids):
+    def __init__(self, directory, config, tokenizer, evaluation, val_ids):
         super().__init__()
         self.directory = pathlib.Path(directory)
         self.config = config
         self.tokenizer = tokenizer
-        self.interval = interval
+        self.evaluation = evaluation
         self.val_ids = val_ids
         self._start = None
-        self._train_seconds = None
-        self.tokens_per_second = []  # training only, one entry per interval
+        self.train_seconds = []  # one entry per interval
+        self.save_seconds = 0.0
+        self.sample_seconds = 0.0
+
+    @property
+    def tokens_per_second(self):
+        tokens = self.config.eval_interval * self.config.batch_size * self.config.context_length
+        return [tokens / seconds for seconds in self.train_seconds]
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
-        self._train_seconds = None
-
-    def on_test_begin(self, logs=None):
-        # Validation runs at the end of each epoch: stop the training clock.
-        if self._start is not None and self._train_seconds is None:
-            self._train_seconds = time.perf_counter() - self._start
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = self._train_seconds or (time.perf_counter() - self._start)
+        seconds = time.perf_counter() - self._start
+        self.train_seconds.append(seconds)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        tokens = self.interval * self.config.batch_size * self.config.context_length
-        self.tokens_per_second.append(tokens / seconds)
+        losses = self.evaluation(self.model, step)
+        logs.update(losses)
+        tokens = self.config.eval_interval * self.config.batch_size * self.config.context_length
+        estimate = (
+            f", train_estimate {losses['train_estimate']:.4f}"
+            if "train_estimate" in losses else ""
+        )
         print(
-            f"step {step}: loss {logs['loss']:.4f}, val_loss {logs['val_loss']:.4f}, "
-            f"{1e3 * seconds / self.interval:.1f} ms/step, "
+            f"step {step}: loss {logs['loss']:.4f}, val_loss {logs['val_loss']:.4f}"
+            f"{estimate}, {1e3 * seconds / self.config.eval_interval:.1f} ms/step, "
             f"{tokens / seconds:,.0f} tokens/s",
             flush=True,
         )
+        start = time.perf_counter()
         save_checkpoint(self.directory, self.model, self.config, self.tokenizer, step)
+        self.save_seconds += time.perf_counter() - start
+        start = time.perf_counter()
         prompt = self.val_ids[: self.config.context_length // 2]
         text = sample_text(
             self.model, prompt, self.config.sample_length,
@@ -247,6 +327,7 @@ class Checkpoint(keras.callbacks.Callback):
             seed=self.config.seed + step,
         )
         text = self.tokenizer.decode(prompt) + self.tokenizer.decode(text)
+        self.sample_seconds += time.perf_counter() - start
         print(f"---- sample at step {step} ----\n{text}\n----", flush=True)
 
 
@@ -271,13 +352,25 @@ def load_checkpoint(directory):
 # Main.
 
 
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def parse_args(argv=None):
     parser = common.training_parser(__doc__.split("\n")[0], "gpt_lm_output")
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--tokenizer", choices=["char", "bpe"])
+    parser.add_argument(
+        "--eval-batches", type=_positive_int, metavar="N",
+        help="estimate each split's loss from N random batches, as nanoGPT "
+        "(default: the whole validation split)",
+    )
     args = parser.parse_args(argv)
     config = common.config_from_args(
-        parser, args, PRESETS, Config, options=("learning_rate", "tokenizer")
+        parser, args, PRESETS, Config, options=("learning_rate", "tokenizer", "eval_batches")
     )
     return args, config
 
@@ -302,16 +395,18 @@ def main(argv=None):
         print(f"resuming from step {saved_step} of {output}")
     print(config)
 
-    tokenizer, train, val, val_ids = make_data(config, start_step, tokenizer)
+    tokenizer, train, val, train_ids, val_ids = make_data(config, start_step, tokenizer)
     # Built, compiled and trained inside the distribution's scope (a no-op on
     # one device).
     with distribute.scope(args.distribute, GPT):
         print(distribute.describe(args.distribute))
-        return _train(args, config, output, checkpoint, start_step, tokenizer, train, val, val_ids)
+        evaluation = Evaluation(config, val, train_ids, val_ids, args.distribute)
+        return _train(args, config, output, checkpoint, start_step, tokenizer, train,
+                      evaluation, val_ids)
 
 
-def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, val_ids):
-    val = distribute.even_batches(val, args.distribute)
+def _train(args, config, output, checkpoint, start_step, tokenizer, train, evaluation,
+           val_ids):
     model = build_model(config, tokenizer.vocabulary_size)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
@@ -327,15 +422,17 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, 
 
     epochs = config.steps // config.eval_interval
     start = time.perf_counter()
-    checkpointer = Checkpoint(output, config, tokenizer, config.eval_interval, val_ids)
+    checkpointer = Checkpoint(output, config, tokenizer, evaluation, val_ids)
     if start_step < config.steps:
         model.fit(
             train,
             initial_epoch=start_step // config.eval_interval,
             epochs=epochs,
             steps_per_epoch=config.eval_interval,
-            validation_data=val,
-            # The metrics of every interval, appended across resumes.
+            # No `validation_data`: `checkpointer` evaluates at the end of
+            # each interval (the whole split, or nanoGPT's estimate of both
+            # splits), on its own clock. CSVLogger: the metrics of every
+            # interval, appended across resumes.
             callbacks=[checkpointer, keras.callbacks.CSVLogger(output / "log.csv", append=True)],
             shuffle=False,  # the batches are random windows already
             verbose=0,
@@ -345,7 +442,10 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, 
     print(f"trained {trained} steps in {seconds:.1f} s")
     model.save(output / "model.keras")
     data.save_tokenizer(tokenizer, output / "tokenizer.json")
-    val_loss = model.evaluate(val, verbose=0)
+    # With `eval_batches`, the estimate at the last step: the windows the
+    # last interval's evaluation drew.
+    val_loss = evaluation(model, config.steps, splits=("val",))["val_loss"]
+    print_summary(config, trained, time.perf_counter() - start, checkpointer, evaluation)
     print(f"val_loss: {val_loss:.4f}")
     return {
         "val_loss": val_loss,
@@ -355,6 +455,31 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, val, 
         "config": config,
         "seconds": seconds,
     }
+
+
+def print_summary(config, trained, wall, checkpointer, evaluation):
+    """Where the `wall` seconds went: the training steps (ms/step and
+    tokens/s, evaluation, checkpoints and samples left out; the first
+    interval holds the compilation), then the rest."""
+    parts = {
+        "training": sum(checkpointer.train_seconds),
+        "evaluation": evaluation.seconds,
+        "checkpoints": checkpointer.save_seconds,
+        "samples": checkpointer.sample_seconds,
+    }
+    parts["other"] = wall - sum(parts.values())  # start-up, the final save
+    if trained:
+        tokens = trained * config.batch_size * config.context_length
+        later = checkpointer.train_seconds[1:]
+        steady = (
+            f" ({1e3 * sum(later) / (len(later) * config.eval_interval):.1f} after "
+            "the first interval)" if later else ""
+        )
+        print(
+            f"training: {1e3 * parts['training'] / trained:.1f} ms/step{steady}, "
+            f"{tokens / parts['training']:,.0f} tokens/s"
+        )
+    print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) + f"; wall {wall:.1f} s")
 
 
 if __name__ == "__main__":
