@@ -260,6 +260,8 @@ def test_consecutive_windows_cover_the_ids_in_order(common, length):
 class _Weights:
     """Stands in for a model: `save_weights` writes a file (or fails)."""
 
+    variables = ()  # no random states
+
     def __init__(self, fail=False):
         self.fail = fail
 
@@ -298,6 +300,37 @@ def test_checkpoints_are_atomic_and_carry_what_an_example_adds(common, tmp_path)
     # Between the two renames only `checkpoint.old` exists: it is read.
     (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")
     assert common.load_checkpoint(tmp_path)[0] == 6
+
+
+def test_checkpoints_restore_the_dropout_random_states(common, tmp_path):
+    """Keras leaves the seed generators' states out of the weights file; the
+    checkpoint keeps them, so a resumed run draws the masks the
+    uninterrupted run would."""
+    import dataclasses
+
+    import keras
+
+    @dataclasses.dataclass
+    class Config:
+        steps: int = 6
+
+    def make():
+        inputs = keras.Input((16,))
+        return keras.Model(inputs, keras.layers.Dropout(0.5, seed=3)(inputs))
+
+    model = make()
+    x = np.ones((4, 16), "float32")
+    model(x, training=True)  # the state moves on from its initial value
+    common.save_checkpoint(tmp_path, model, 1, Config())
+    expected = keras.ops.convert_to_numpy(model(x, training=True))  # the next draw
+
+    resumed = make()
+    common.load_weights(resumed, tmp_path / "checkpoint")
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(resumed(x, training=True)), expected
+    )
+    fresh = make()
+    assert not np.array_equal(keras.ops.convert_to_numpy(fresh(x, training=True)), expected)
 
 
 def test_ticker_is_due_after_its_seconds(common, monkeypatch):
