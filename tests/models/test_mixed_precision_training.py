@@ -23,18 +23,18 @@ MASK_POSITIONS = np.sort(rng.permuted(np.tile(np.arange(T), (B, 1)), axis=1)[:, 
 
 
 def _gpt(dtype):
-    return GPT(vocabulary_size=V, max_sequence_length=T, num_layers=1, num_heads=2,
+    return GPT(vocabulary_size=V, max_sequence_length=T, num_layers=2, num_heads=4,
                hidden_dim=16, intermediate_dim=32, dropout=0.0, seed=1, dtype=dtype)
 
 
 def _seq2seq(dtype):
     return Seq2SeqTransformer(V, V, T, T, num_encoder_layers=1, num_decoder_layers=1,
-                              num_heads=2, hidden_dim=16, intermediate_dim=32, dropout=0.0,
+                              num_heads=4, hidden_dim=16, intermediate_dim=32, dropout=0.0,
                               seed=1, dtype=dtype)
 
 
 def _bert(dtype):
-    return BertMaskedLM(V, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+    return BertMaskedLM(V, num_layers=2, num_heads=4, hidden_dim=16, intermediate_dim=32,
                         dropout=0.0, max_sequence_length=T, seed=1, dtype=dtype)
 
 
