@@ -250,6 +250,18 @@ def run_script(path, *args, env=None):
     return result.stdout.strip().splitlines()
 
 
+def run_refused(path, *args):
+    """Runs the script `path` with `args` as `run_script` does; asserts that
+    it fails and returns its stderr (the message to check)."""
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    result = subprocess.run(
+        [sys.executable, str(path), *args], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=600,
+    )
+    assert result.returncode != 0, result.stdout[-2000:]
+    return result.stderr
+
+
 def last_line_value(lines, name):
     """The value of a last line `<name>: <value>`, a finite number, as printed."""
     match = re.fullmatch(rf"{name}: (\S+)", lines[-1])

@@ -8,10 +8,7 @@ tested in `test_examples_common.py`.
 
 import gzip
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 
 import keras
@@ -62,15 +59,12 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     assert _val_loss(lines) == first
 
     # Other options are refused, naming each (the schedule depends on --steps).
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE / "train.py"), "--tiny", "--steps", "9",
-         "--learning-rate", "0.01", "--output-dir", str(output)],
-        cwd=ROOT, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=600,
+    refused = harness.run_refused(
+        EXAMPLE / "train.py", "--tiny", "--steps", "9", "--learning-rate", "0.01",
+        "--output-dir", str(output),
     )
-    assert result.returncode != 0
-    assert "steps: 6 in the checkpoint, 9 now" in result.stderr
-    assert "learning_rate: 0.001 in the checkpoint, 0.01 now" in result.stderr
+    assert "steps: 6 in the checkpoint, 9 now" in refused
+    assert "learning_rate: 0.001 in the checkpoint, 0.01 now" in refused
 
     # Killed while writing its first checkpoint, then between the renames of
     # its second, then at a moment of the clock's choosing, and resumed each
@@ -121,14 +115,10 @@ def test_eval_batches_estimates_each_split_from_n_random_batches(tmp_path):
     expected = -np.take_along_axis(log_probs, targets[..., None], -1).mean()
     assert _val_loss(lines) == pytest.approx(expected, abs=1e-4)
 
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE / "train.py"), "--tiny", "--eval-batches", "3",
-         "--output-dir", str(output)],
-        cwd=ROOT, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=600,
+    refused = harness.run_refused(
+        EXAMPLE / "train.py", "--tiny", "--eval-batches", "3", "--output-dir", str(output)
     )
-    assert result.returncode != 0
-    assert "eval_batches: 2 in the checkpoint, 3 now" in result.stderr
+    assert "eval_batches: 2 in the checkpoint, 3 now" in refused
 
 
 def test_tiny_run_on_several_devices_matches_one_device(tmp_path):
@@ -138,14 +128,11 @@ def test_tiny_run_on_several_devices_matches_one_device(tmp_path):
     backend = keras.backend.backend()
     args = ("--tiny", "--fresh")
     if backend == "torch":
-        result = subprocess.run(
-            [sys.executable, str(EXAMPLE / "train.py"), *args, "--distribute", "data",
-             "--output-dir", str(tmp_path / "t")],
-            cwd=ROOT, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True,
-            text=True, timeout=600,
+        refused = harness.run_refused(
+            EXAMPLE / "train.py", *args, "--distribute", "data",
+            "--output-dir", str(tmp_path / "t"),
         )
-        assert result.returncode != 0
-        assert "no distribution engine for torch" in result.stderr
+        assert "no distribution engine for torch" in refused
         return
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     one = _run("train.py", *args, "--output-dir", str(tmp_path / "one"), env=env)

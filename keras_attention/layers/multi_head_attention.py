@@ -393,13 +393,7 @@ class MultiHeadAttention(keras.layers.Layer):
         axes = self._check_shapes(
             query.shape, value.shape, None if key is None else key.shape
         )
-        if self.flash_attention and return_attention_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to access "
-                "attention scores. Received: flash_attention=True, "
-                "return_attention_scores=True"
-            )
+        self._check_scores_allowed(return_attention_scores)
         if not self._is_sequence_attention(len(query.shape), axes):
             return self._call_over_axes(
                 axes, query, value, key, query_mask, value_mask, key_mask,
@@ -521,6 +515,16 @@ class MultiHeadAttention(keras.layers.Layer):
         self._return_attention_scores = return_attention_scores
         return self._compute_attention(q, k, v, mask, training)
 
+    def _check_scores_allowed(self, return_attention_scores):
+        """Keras's error: a forced fused kernel never forms the scores."""
+        if self.flash_attention and return_attention_scores:
+            raise ValueError(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to access "
+                "attention scores. Received: flash_attention=True, "
+                "return_attention_scores=True"
+            )
+
     def _compute_attention(
         self,
         query,
@@ -544,13 +548,7 @@ class MultiHeadAttention(keras.layers.Layer):
         dtype = self.compute_dtype
         query, key, value = (ops.convert_to_tensor(x, dtype) for x in (query, key, value))
         mask = masking.standardize_mask(attention_mask, "attention_mask")
-        if self.flash_attention and return_attention_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to access "
-                "attention scores. Received: flash_attention=True, "
-                "return_attention_scores=True"
-            )
+        self._check_scores_allowed(return_attention_scores)
         return self._attend(
             query, key, value, mask, bool(use_causal_mask), False,
             return_attention_scores, training,

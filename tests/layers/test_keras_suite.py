@@ -70,12 +70,16 @@ _mha = _load(
 )
 
 
+FULLY_MASKED_ROWS = (
+    "by design: a fully masked query row attends to nothing and gives 0 here; "
+    "Keras gives the mean of the values"
+)
+
 class TestKerasMultiHeadAttention(_mha.MultiHeadAttentionTest):
     """Keras's `MultiHeadAttentionTest`, with our layer."""
 
     @pytest.mark.xfail(
-        reason="by design: a fully masked query row attends to nothing and "
-        "gives 0 here; Keras gives the mean of the values",
+        reason=FULLY_MASKED_ROWS,
         strict=True,
     )
     def test_masking_causal(self):
@@ -137,8 +141,7 @@ class TestKerasGroupedQueryAttention(_gqa.GroupedQueryAttentionTest):
     `num_key_value_heads` under Keras's argument names."""
 
     @pytest.mark.xfail(
-        reason="by design: a fully masked query row attends to nothing and "
-        "gives 0 here; Keras gives the mean of the values",
+        reason=FULLY_MASKED_ROWS,
         strict=True,
     )
     def test_masking_causal(self):
