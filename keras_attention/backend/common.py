@@ -37,6 +37,11 @@ class Preferences:
             weights (in training, weights not returned) runs in the
             backend's own kernel, `dropout_attention`, instead of the
             explicit kernel.
+        cache_windows: whether generation decodes in phases over caches
+            that grow (`keras_attention.models.cache_windows`): where the
+            loop is compiled with static shapes, a step reads every slot of
+            the caches it carries; an eager step can read only the written
+            ones (torch's), and more phases would only cost it copies.
     """
 
     blocked: str = "never"
@@ -46,6 +51,7 @@ class Preferences:
     linear_projections: bool = False
     guard_with_cond: bool = True
     dropout_kernel: bool = False
+    cache_windows: bool = False
 
 
 PREFERENCES = Preferences()

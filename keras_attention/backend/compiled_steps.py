@@ -62,17 +62,38 @@ def decoder_step(embedding, blocks, final_norm):
 
 def _attend(q, keys, values, mask, scale):
     """One query per row: `q` `(B, 1, H, K)`, keys and values `(B, n, G, K)`,
-    `mask` optional bool `(B|1, n)` -> `(B, 1, H, K)`."""
+    `mask` optional bool `(B|1, n)` -> `(B, 1, H, K)`.
+
+    Two plain matmuls over the cache as it lies, `(B, n, G K)`: the scores
+    against a block-diagonal `(G K, G R)` matrix of the queries (group `g`'s
+    rows hold its `R` queries, the other rows zeros), and the weighted sum
+    of the values into `(B, G R, G K)`, of which the output is the diagonal
+    blocks. Per-head einsums would make XLA copy the whole cache into
+    head-major order, keys and values, at every step and block; this does
+    `G` times the multiply-adds instead, and took half the time or less at
+    512 slots and more (benchmarks/README.md, `gpt_speed.py`). The scores
+    and softmax are in float32 at least; the matmuls in the cache's dtype.
+    """
     heads, head_size = q.shape[2], q.shape[3]
     groups = keys.shape[2]
+    per_group = heads // groups
     batch = ops.shape(q)[0]
-    q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, groups, heads // groups, head_size))
-    scores = ops.einsum("bgrk,bngk->bgrn", q, keys)  # (B, G, R, n)
+    eye = ops.eye(groups, dtype=q.dtype)  # (G, G)
+    q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, groups, per_group, head_size))
+    queries = ops.transpose(q, (0, 1, 3, 2))[:, :, :, None, :] * eye[:, None, :, None]
+    queries = ops.reshape(
+        queries, (batch, groups * head_size, heads)
+    )  # (B, G K, G R): column g R + r is query (g, r) on group g's rows
+    keys = ops.reshape(keys, (batch, -1, groups * head_size))  # (B, n, G K)
+    scores = ops.matmul(keys, queries)  # (B, n, G R)
     scores = ops.cast(scores, keras.backend.result_type(scores.dtype, "float32"))
     if mask is not None:
-        scores = ops.where(mask[:, None, None, :], scores, float("-inf"))
-    probs = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
-    output = ops.einsum("bgrn,bngk->bgrk", probs, values)  # (B, G, R, K)
+        scores = ops.where(mask[:, :, None], scores, float("-inf"))
+    probs = ops.cast(ops.softmax(scores, axis=1), values.dtype)
+    values = ops.reshape(values, (batch, -1, groups * head_size))  # (B, n, G K)
+    every = ops.einsum("bnh,bnc->bhc", probs, values)  # (B, G R, G K)
+    every = ops.reshape(every, (batch, groups, per_group, groups, head_size))
+    output = ops.sum(every * ops.cast(eye, values.dtype)[:, None, :, None], axis=3)  # (B, G, R, K)
     return ops.reshape(output, (batch, 1, heads, head_size))
 
 
@@ -122,6 +143,7 @@ class _BlockStep:
         attention = block.self_attention
 
         def self_attend(h):
+            nonlocal self_cache
             h = ops.cast(h, self.qkv_kernel.dtype)
             qkv = ops.matmul(h, self.qkv_kernel)  # (B, 1, H K + 2 G K)
             if self.qkv_bias is not None:
@@ -131,7 +153,6 @@ class _BlockStep:
             q, k, v = ops.split(qkv, [query_width, query_width + kv_width], axis=-1)
             batch = ops.shape(h)[0]
             kv_shape = (batch, 1, self.kv_heads, self.head_size)
-            nonlocal self_cache
             self_cache = kv_cache.write(
                 self_cache, ops.reshape(k, kv_shape), ops.reshape(v, kv_shape), index
             )

@@ -19,6 +19,7 @@ PREFERENCES = Preferences(
     blocked="causal_or_short",
     chunk_long_queries=True,
     guard_with_cond=False,
+    cache_windows=True,
 )
 
 linear = common.linear

@@ -19,6 +19,7 @@ PREFERENCES = Preferences(
     blocked="always",
     chunk_long_queries=True,
     repeat_single_key_value_head=True,
+    cache_windows=True,
 )
 
 linear = common.linear

@@ -27,6 +27,8 @@ source's rows).
 import keras
 from keras import ops
 
+from keras_attention.models import cache_windows
+
 NEGATIVE = -1e30  # a finite "minus infinity": arithmetic on it stays finite
 
 
@@ -37,7 +39,7 @@ def take_rows(caches, rows):
 
 def beam_search(
     step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
-    length_penalty, reorder=take_rows,
+    length_penalty, reorder=take_rows, phases=None,
 ):
     """The `K` best hypotheses per source and their scores.
 
@@ -54,6 +56,9 @@ def beam_search(
         reorder: `reorder(caches, rows) -> caches`, the caches following the
             hypotheses that survive a step (`rows` `(B K,)`, each within its
             source's rows).
+        phases: the loop's `cache_windows.Phases` (`caches` are then for
+            the first phase's length); by default one phase over `caches`
+            of length `L`.
 
     Returns:
         `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
@@ -135,7 +140,11 @@ def beam_search(
         return i + 1, sequences, log_prob, finished, finished_scores, caches, done
 
     i = ops.convert_to_tensor(0, "int32")
-    _, _, _, finished, finished_scores, _, _ = ops.while_loop(
-        condition, body, (i, sequences, log_prob, finished, finished_scores, caches, done)
+    phases = phases or cache_windows.Phases.single(total)
+    _, _, _, finished, finished_scores, _, _ = phases.while_loop(
+        condition,
+        body,
+        (i, sequences, log_prob, finished, finished_scores, caches, done),
+        caches_at=5,
     )
     return finished, finished_scores

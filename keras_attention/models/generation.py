@@ -16,6 +16,9 @@ through its layers with their KV caches, and the empty caches to start from.
   keyed by `(seed, position)`), keeps prompt tokens where a longer prompt
   still has them, ends rows at a stop token or their length, and extends
   the caches by one token;
+- under a compiler, the loop in phases over caches that grow
+  (`cache_windows`), so that a step reads the window of slots above its
+  position rather than the whole length;
 - the compilation per backend (`backend.compile_decoding`: one `jax.jit`,
   `tf.function` with XLA, or on torch an eager loop on a step in plain
   torch operations where the model's layers allow one), made once per
@@ -30,6 +33,7 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention import backend
 from keras_attention.models import beam_search as beam_search_lib
+from keras_attention.models import cache_windows
 from keras_attention.models import sampling as sampling_lib
 
 
@@ -80,14 +84,15 @@ def prompt_lengths(prompt, prompt_padding_mask):
 
 def decode(
     prefill, step, caches, ids, in_prompt, limits, seed, temperature, top_p,
-    *, sampling, top_k, stop, pad_token_id, start, with_scores=False,
+    *, sampling, top_k, stop, pad_token_id, start, with_scores=False, phases=None,
 ):
     """The decoding loop, in `keras.ops`.
 
     Args:
         prefill: the model's step through its layers, for the prompts.
         step: the step for one token at a time (the same, or a fast one).
-        caches: the empty caches the step starts from.
+        caches: the empty caches the step starts from (for the first
+            phase's length).
         ids: int32 `(B, L)`, prompts then `pad_token_id`.
         in_prompt: bool `(B, L)`, where `ids` holds a prompt token.
         limits: int32 `(B,)`, each row's total length.
@@ -96,6 +101,8 @@ def decode(
             configuration, stop ids, the pad id, the shortest prompt.
         with_scores: also return, per row, the sum of the log-probabilities
             of its new tokens (the stop token included) and their number.
+        phases: the loop's `cache_windows.Phases`; by default one phase
+            over `caches` of length `L`.
 
     Returns:
         int32 `(B, L)`; with `with_scores`, then float32 `(B,)` and int32
@@ -108,13 +115,17 @@ def decode(
     done = ops.zeros((batch,), "bool")
     pad = ops.full((batch,), pad_token_id, "int32")
     stop_ids = ops.convert_to_tensor(list(stop), "int32") if stop else None
-    log_prob = ops.zeros((batch,), "float32")
-    count = ops.zeros((batch,), "int32")
+    # The scores ride in the loop only when asked for: a constant that a
+    # loop passes on unchanged breaks TensorFlow's XLA bridge from the third
+    # loop of a function on (the phases; tensorflow/tensorflow#122886).
+    scores = ()
+    if with_scores:
+        scores = (ops.zeros((batch,), "float32"), ops.zeros((batch,), "int32"))
 
-    def condition(i, ids, caches, next_logits, done, log_prob, count):
+    def condition(i, ids, caches, next_logits, done, *scores):
         return ops.logical_and(i < total, ops.logical_not(ops.all(done)))
 
-    def body(i, ids, caches, next_logits, done, log_prob, count):
+    def body(i, ids, caches, next_logits, done, *scores):
         sampled = sampling_lib.next_token(
             next_logits, sampling, temperature, top_k, top_p, seed, i
         )  # (B,)
@@ -124,14 +135,17 @@ def decode(
         finished = ops.logical_or(done, i >= limits)
         token = ops.where(finished, pad, token)
         if with_scores:
+            log_prob, count = scores
             new = ops.logical_not(ops.logical_or(finished, from_prompt))  # (B,)
             token_log_prob = ops.take_along_axis(
                 ops.log_softmax(ops.cast(next_logits, "float32"), axis=-1),
                 token[:, None],
                 axis=-1,
             )[:, 0]  # (B,)
-            log_prob = log_prob + ops.where(new, token_log_prob, 0.0)
-            count = count + ops.cast(new, "int32")
+            scores = (
+                log_prob + ops.where(new, token_log_prob, 0.0),
+                count + ops.cast(new, "int32"),
+            )
         if stop_ids is not None:
             stopped = ops.any(token[:, None] == stop_ids[None, :], axis=-1)
             stopped = ops.logical_and(stopped, ops.logical_not(from_prompt))
@@ -139,14 +153,15 @@ def decode(
         done = ops.logical_or(finished, i + 1 >= limits)
         ids = ops.slice_update(ids, (0, i), token[:, None])
         logits, caches = step(token[:, None], caches, i)
-        return i + 1, ids, caches, logits[:, -1], done, log_prob, count
+        return (i + 1, ids, caches, logits[:, -1], done) + tuple(scores)
 
     i = ops.convert_to_tensor(start, "int32")
-    _, ids, _, _, _, log_prob, count = ops.while_loop(
-        condition, body, (i, ids, caches, next_logits, done, log_prob, count)
+    phases = phases or cache_windows.Phases.single(total)
+    _, ids, _, _, _, *scores = phases.while_loop(
+        condition, body, (i, ids, caches, next_logits, done) + scores, caches_at=2
     )
     if with_scores:
-        return ids, log_prob, count
+        return (ids,) + tuple(scores)
     return ids
 
 
@@ -245,10 +260,13 @@ class Generator:
         )
 
         def loop(ids, in_prompt, limits, seed, temperature, top_p, *context, step=None):
-            caches = self.empty_caches(ids.shape[0], ids.shape[1], *context)
+            caches, phases = cache_windows.Phases.plan(
+                self.empty_caches, ids.shape[0], start, ids.shape[1], context,
+                windowed=backend.preferences().cache_windows,
+            )
             return decode(
                 self.step, step or self.step, caches, ids, in_prompt, limits,
-                seed, temperature, top_p, **options,
+                seed, temperature, top_p, phases=phases, **options,
             )
 
         function = self._function(("sample",) + tuple(sorted(options.items())), loop)
@@ -297,14 +315,17 @@ class Generator:
         )
 
         def loop(*context, step=None):
-            caches = self.empty_caches(batch, total, *context)
+            caches, phases = cache_windows.Phases.plan(
+                self.empty_caches, batch, 0, total, context,
+                windowed=backend.preferences().cache_windows,
+            )
             # Row b K + k is beam k of source b.
             caches = keras.tree.map_structure(
                 lambda cache: ops.repeat(cache, num_beams, axis=0), caches
             )
             return beam_search_lib.beam_search(
                 step or self.step, caches, start_token_id, total,
-                reorder=self.reorder_caches, **options,
+                reorder=self.reorder_caches, phases=phases, **options,
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
