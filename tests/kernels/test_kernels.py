@@ -54,9 +54,11 @@ PREFERENCES = {
         blocked="always",
         chunk_long_queries=True,
         repeat_single_key_value_head=True,
+        cache_windows=True,
     ),
     "jax": backend.Preferences(
-        blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False
+        blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False,
+        cache_windows=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }
