@@ -7,10 +7,16 @@ for up to `SHORT_QUERIES` queries (a decoding step attending to its cache).
 The NaN guard always runs its masked computation outside a cache: XLA fuses
 the zeroing into neighbouring operations, while a `cond` would stop fusion
 and keep both branches' residuals for the backward pass.
+
+Projections run as one `linear` on rows `(B T, D)` (`linear`): on a
+`(B, T, D) x (D, N)` product XLA's CPU compiler gives the weight gradient a
+transposed copy of the activation and of the output gradient, and those
+copies cost more than the matmuls.
 """
 
 import jax
 import keras
+from keras import ops
 
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
@@ -19,10 +25,10 @@ PREFERENCES = Preferences(
     blocked="causal_or_short",
     chunk_long_queries=True,
     guard_with_cond=False,
+    linear_projections=True,
     cache_windows=True,
 )
 
-linear = common.linear
 fori_loop = common.fori_loop
 after = common.after
 unless_nonfinite = common.unless_nonfinite
@@ -32,6 +38,19 @@ dropout_attention = common.dropout_attention
 when_finite = common.when_finite
 decoder_step = common.decoder_step
 block_step = common.block_step
+
+
+def linear(x, kernel, bias):
+    # As a 2-D product the weight gradient is one matmul of the rows. On
+    # `(B, T, D)` XLA's CPU compiler copied the activation and the output
+    # gradient into `(D, B T)` and `(N, B T)` layouts first: in the GPT
+    # example's training step those copies took a third of the time
+    # (benchmarks/README.md).
+    kernel = ops.cast(kernel, x.dtype)
+    rows = ops.reshape(x, (-1, x.shape[-1]))  # (B T, D)
+    output = ops.matmul(rows, kernel)  # (B T, N)
+    output = ops.reshape(output, ops.shape(x)[:-1] + (kernel.shape[-1],))  # (B, T, N)
+    return output if bias is None else ops.add(output, ops.cast(bias, x.dtype))
 
 
 def kernel_dtype(dtype):

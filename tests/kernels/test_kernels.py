@@ -58,7 +58,7 @@ PREFERENCES = {
     ),
     "jax": backend.Preferences(
         blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False,
-        cache_windows=True,
+        linear_projections=True, cache_windows=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }
