@@ -8,7 +8,7 @@ Under XLA (TensorFlow's and JAX's decoding loops) a step's cost on a CPU is
 mostly the number of kernels it launches, not its arithmetic: at the sizes
 of benchmarks/seq2seq_speed.py (width 128) a token costs about 0.09 ms
 through the layers, against about 0.05 ms for the same arithmetic written
-out. A block's step here differs from the layers' in two ways:
+out. A block's step here differs from the layers' in three ways:
 
 - self-attention's Q, K and V come from one matmul on kernels concatenated
   once per call, before the loop;
@@ -19,7 +19,11 @@ out. A block's step here differs from the layers' in two ways:
   caches' hidden positions are zeroed once when they are made
   (`kv_cache.hide`), so no row is fully masked by the cache and no hidden
   non-finite value exists to leak. A source that is all padding still gets
-  an output of exactly 0, as from the layers.
+  an output of exactly 0, as from the layers;
+- over a long cache, attention is two plain matmuls against a block-diagonal
+  matrix of the queries (`_attend`): per-head einsums have XLA transpose the
+  whole cache at every step, which made a step's time grow with the cache
+  twice as fast.
 
 Norms, feed-forward networks, embeddings and logits run through their
 layers, which compile to the same kernels.
@@ -60,20 +64,51 @@ def decoder_step(embedding, blocks, final_norm):
     return step
 
 
+# Above this many cache slots per key/value head a step attends through two
+# plain matmuls (`_attend_block_diagonal`), below through per-head einsums:
+# the matmuls do `G` times the multiply-adds, the einsums transpose the cache.
+# Measured in a compiled loop of steps (benchmarks/README.md, `gpt_speed.py`):
+# at 4 key/value heads of 32 the matmuls were slower at 64 slots and faster
+# from 128, at 12 heads of 64 slower at 128 on JAX (faster on TensorFlow)
+# and faster from 256 on both.
+BLOCK_DIAGONAL_SLOTS_PER_GROUP = 16
+
+
 def _attend(q, keys, values, mask, scale):
     """One query per row: `q` `(B, 1, H, K)`, keys and values `(B, n, G, K)`,
-    `mask` optional bool `(B|1, n)` -> `(B, 1, H, K)`.
+    `mask` optional bool `(B|1, n)` -> `(B, 1, H, K)`, through per-head
+    einsums or, for a long cache, block-diagonal matmuls. The scores and
+    softmax are in float32 at least, the sums in the cache's dtype."""
+    length, groups = keys.shape[1], keys.shape[2]
+    if length is not None and length > BLOCK_DIAGONAL_SLOTS_PER_GROUP * groups:
+        return _attend_block_diagonal(q, keys, values, mask, scale)
+    return _attend_per_head(q, keys, values, mask, scale)
 
-    Two plain matmuls over the cache as it lies, `(B, n, G K)`: the scores
-    against a block-diagonal `(G K, G R)` matrix of the queries (group `g`'s
-    rows hold its `R` queries, the other rows zeros), and the weighted sum
-    of the values into `(B, G R, G K)`, of which the output is the diagonal
-    blocks. Per-head einsums would make XLA copy the whole cache into
-    head-major order, keys and values, at every step and block; this does
-    `G` times the multiply-adds instead, and took half the time or less at
-    512 slots and more (benchmarks/README.md, `gpt_speed.py`). The scores
-    and softmax are in float32 at least; the matmuls in the cache's dtype.
-    """
+
+def _attend_per_head(q, keys, values, mask, scale):
+    """`_attend` as two einsums batched over `(B, G)`; XLA transposes the
+    keys and the values into that head-major order for them at every step."""
+    heads, head_size = q.shape[2], q.shape[3]
+    groups = keys.shape[2]
+    batch = ops.shape(q)[0]
+    q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, groups, heads // groups, head_size))
+    scores = ops.einsum("bgrk,bngk->bgrn", q, keys)  # (B, G, R, n)
+    scores = ops.cast(scores, keras.backend.result_type(scores.dtype, "float32"))
+    if mask is not None:
+        scores = ops.where(mask[:, None, None, :], scores, float("-inf"))
+    probs = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
+    output = ops.einsum("bgrn,bngk->bgrk", probs, values)  # (B, G, R, K)
+    return ops.reshape(output, (batch, 1, heads, head_size))
+
+
+def _attend_block_diagonal(q, keys, values, mask, scale):
+    """`_attend` as two plain matmuls over the cache as it lies, `(B, n, G
+    K)`: the scores against a block-diagonal `(G K, G R)` matrix of the
+    queries (group `g`'s rows hold its `R` queries, the other rows zeros),
+    then the weighted sum of the values into `(B, G R, G K)`, of which the
+    output is the diagonal blocks. `G` times the multiply-adds, and no
+    transposition of the cache (XLA copies the keys and the values out of
+    it for the matmuls, in the order they lie)."""
     heads, head_size = q.shape[2], q.shape[3]
     groups = keys.shape[2]
     per_group = heads // groups
@@ -81,9 +116,7 @@ def _attend(q, keys, values, mask, scale):
     eye = ops.eye(groups, dtype=q.dtype)  # (G, G)
     q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, groups, per_group, head_size))
     queries = ops.transpose(q, (0, 1, 3, 2))[:, :, :, None, :] * eye[:, None, :, None]
-    queries = ops.reshape(
-        queries, (batch, groups * head_size, heads)
-    )  # (B, G K, G R): column g R + r is query (g, r) on group g's rows
+    queries = ops.reshape(queries, (batch, groups * head_size, heads))  # (B, G K, G R)
     keys = ops.reshape(keys, (batch, -1, groups * head_size))  # (B, n, G K)
     scores = ops.matmul(keys, queries)  # (B, n, G R)
     scores = ops.cast(scores, keras.backend.result_type(scores.dtype, "float32"))

@@ -8,36 +8,46 @@ whole length `L` have every step read all `L` slots, written or not: the
 per-token time of a loop over preallocated caches grows with `L`, not with
 the position. In phases instead, each its own `ops.while_loop` over caches
 of a static length `W`, a step at position `i` reads the first window above
-`i`. Windows double from `FIRST_WINDOW`, and the last is `L`: a step reads
-at most `max(2 i, FIRST_WINDOW)` slots, at the price of tracing and
-compiling the step once per phase (`log2(L / FIRST_WINDOW) + 1` phases at
-most). Between two phases the caches that grow with the length are padded
-with zeros, which is what an empty cache holds there.
+`i`. The windows are `FIRST_WINDOW` times 1, 1.5, 2, 3, 4, 6, 8, ... (each
+at most 1.5 times the one before) and the last is `L`: a step reads at most
+`max(1.5 i, FIRST_WINDOW)` slots, at the price of tracing and compiling the
+step once per phase (`2 ceil(log2(L / FIRST_WINDOW)) + 1` phases at most:
+7 for 512 positions). Between two phases the caches that grow with the
+length are padded with zeros, which is what an empty cache holds there.
+
+Doubling windows would compile fewer phases, but a step would read up to
+twice its position: at the sizes of benchmarks/gpt_speed.py, 512 positions
+took 1.57 times as long per token as 64 on JAX with doubling windows and
+1.45 times with these (one thread, CPU time; benchmarks/README.md).
 
 A phase computes what one loop over caches of length `L` computes: the same
-steps on the same written slots, the slots past them zero, masked from every
-query (only the number of masked slots changes).
+steps on the same written slots, the slots past them zero and masked from
+every query. Only the number of masked slots changes (and with it, for a
+step outside the layers, `backend.compiled_steps`' way of attending), so
+results agree to float rounding: the tests require the same tokens.
 """
 
 import keras
 from keras import ops
 
 # The first window: a run of at most this many positions has one phase (one
-# trace of the step), and none of a longer run reads fewer slots. Below
-# about 64 slots a step's cost no longer depends on the cache length on a
-# CPU (benchmarks/README.md, `gpt_speed.py`).
+# trace of the step), and no phase of a longer run reads fewer slots. Up to
+# 64 slots, reading the cache is a small part of a step on a CPU (at the
+# sizes of benchmarks/gpt_speed.py: attention over 16 or 64 slots in 4
+# blocks took 0.01 or 0.02 ms of a 0.15 ms step).
 FIRST_WINDOW = 64
 
 
 def lengths(start, total):
     """The cache lengths of the phases of a loop whose first step is at
-    position `start` and whose last is at `total - 1`: the powers of two
-    times `FIRST_WINDOW` from the first above `start`, then `total`."""
+    position `start` and whose last is at `total - 1`: the windows above
+    `start` and below `total`, then `total`."""
     windows = []
     window = FIRST_WINDOW
     while window < total:
-        if window > start:
-            windows.append(window)
+        for size in (window, window * 3 // 2):
+            if start < size < total:
+                windows.append(size)
         window *= 2
     return tuple(windows) + (total,)
 

@@ -3,8 +3,9 @@
 Shape legend: `B` batch, `L` total length, `G` key/value heads, `K` head
 size, `S` source length.
 
-The generation tests shrink the first window to 4 positions, so that a tiny
-model's run of a few tokens spans several phases, and compare it, token for
+The generation tests shrink the first window to 8 positions (windows of 8,
+12, 16, 24, ...), so that a tiny model's run of a few tokens spans several
+phases, and compare it, token for
 token, with the same model decoding in one phase (and with recomputing every
 step). Every backend runs the phases there, torch included, whose loop
 otherwise keeps one phase (`Preferences.cache_windows`).
@@ -30,8 +31,8 @@ V, MAX_LENGTH = 29, 24
 @pytest.fixture
 def phases_seen(monkeypatch):
     """The phase lengths of every loop traced (or run eagerly) while a test
-    runs, windowed on every backend, from a first window of 4."""
-    monkeypatch.setattr(cache_windows, "FIRST_WINDOW", 4)
+    runs, windowed on every backend, from a first window of 8."""
+    monkeypatch.setattr(cache_windows, "FIRST_WINDOW", 8)
     preferences = backend.preferences()
     monkeypatch.setattr(
         backend, "preferences", lambda: dataclasses.replace(preferences, cache_windows=True)
@@ -76,9 +77,12 @@ def _randomized(model, seed):
 
 
 def _gpt(seed=0):
+    # One key/value head: a step over more than 16 slots attends through the
+    # block-diagonal matmuls (`compiled_steps.BLOCK_DIAGONAL_SLOTS_PER_GROUP`),
+    # over fewer through the einsums, so a run crosses from one to the other.
     model = GPT(
         vocabulary_size=V, max_sequence_length=MAX_LENGTH, num_layers=2, num_heads=4,
-        num_key_value_heads=2, hidden_dim=16, intermediate_dim=32,
+        num_key_value_heads=1, hidden_dim=16, intermediate_dim=32,
     )
     model.build((None, None))
     return _randomized(model, seed)
@@ -98,15 +102,19 @@ def _recomputed_greedy(model, prompt, max_new_tokens):
 # The phases.
 
 
-def test_windows_double_from_the_first_one_above_the_start():
+def test_windows_grow_by_half_from_the_first_one_above_the_start():
     assert cache_windows.FIRST_WINDOW == 64
     assert cache_windows.lengths(16, 64) == (64,)  # one phase up to the first window
     assert cache_windows.lengths(0, 40) == (40,)
-    assert cache_windows.lengths(16, 512) == (64, 128, 256, 512)
-    assert cache_windows.lengths(16, 300) == (64, 128, 256, 300)
+    assert cache_windows.lengths(16, 512) == (64, 96, 128, 192, 256, 384, 512)
+    assert cache_windows.lengths(16, 300) == (64, 96, 128, 192, 256, 300)
     # A prompt past the first window: the first phase holds it and one step.
-    assert cache_windows.lengths(64, 512) == (128, 256, 512)
+    assert cache_windows.lengths(64, 512) == (96, 128, 192, 256, 384, 512)
     assert cache_windows.lengths(200, 257) == (256, 257)
+    # No step reads more than 1.5 times its position (past the first window).
+    windows = cache_windows.lengths(0, 4096)
+    for position in range(64, 4096):
+        assert next(w for w in windows if w > position) <= 1.5 * position
 
 
 def _translation_caches(batch, length):
@@ -118,15 +126,15 @@ def _translation_caches(batch, length):
 
 
 def test_plan_finds_the_leaves_that_grow():
-    caches, phases = cache_windows.Phases.plan(_translation_caches, 3, 10, 200)
-    assert phases.lengths == (64, 128, 200)
+    caches, phases = cache_windows.Phases.plan(_translation_caches, 3, 10, 150)
+    assert phases.lengths == (64, 96, 128, 150)
     assert phases.axes == (2, 2, None, None, None)
     assert tuple(caches[0][0].shape) == (3, 2, 64, 2, 4)
     # Grown: the self caches padded with zeros, the others as they were.
     written = keras.ops.ones((3, 2, 64, 2, 4))
-    grown = phases.grow(((written, written), caches[1], caches[2]), 128)
+    grown = phases.grow(((written, written), caches[1], caches[2]), 96)
     self_cache = harness.to_numpy(grown[0][1])
-    assert self_cache.shape == (3, 2, 128, 2, 4)
+    assert self_cache.shape == (3, 2, 96, 2, 4)
     assert np.all(self_cache[:, :, :64] == 1) and np.all(self_cache[:, :, 64:] == 0)
     assert tuple(grown[1][0].shape) == (3, 2, 5, 2, 4)
     assert tuple(grown[2].shape) == (3, 5)
@@ -165,15 +173,15 @@ def test_default_windows_follow_the_backend():
 
 
 def test_greedy_in_phases_equals_one_phase_and_recomputing(phases_seen, monkeypatch):
-    # A prompt of 6 is past the first window (4): phases of 8, 16 and 24.
-    prompt = np.random.default_rng(1).integers(0, V, (2, 6)).astype("int32")
-    windowed = _gpt().generate(prompt, max_new_tokens=18)
-    assert phases_seen == [(8, 16, 24)]
+    # A prompt of 10 is past the first window (8): phases of 12, 16 and 24.
+    prompt = np.random.default_rng(1).integers(0, V, (2, 10)).astype("int32")
+    windowed = _gpt().generate(prompt, max_new_tokens=14)
+    assert phases_seen == [(12, 16, 24)]
     _one_phase(monkeypatch)
-    single = _gpt().generate(prompt, max_new_tokens=18)
+    single = _gpt().generate(prompt, max_new_tokens=14)
     assert phases_seen[-1] == (24,)
     np.testing.assert_array_equal(windowed, single)
-    np.testing.assert_array_equal(windowed, _recomputed_greedy(_gpt(), prompt, 18))
+    np.testing.assert_array_equal(windowed, _recomputed_greedy(_gpt(), prompt, 14))
 
 
 @pytest.mark.parametrize(
@@ -184,7 +192,7 @@ def test_greedy_in_phases_equals_one_phase_and_recomputing(phases_seen, monkeypa
 def test_seeded_sampling_in_phases_equals_one_phase(phases_seen, monkeypatch, kwargs):
     prompt = np.random.default_rng(2).integers(0, V, (2, 3)).astype("int32")
     windowed = _gpt().generate(prompt, max_new_tokens=20, seed=5, **kwargs)
-    assert phases_seen == [(4, 8, 16, 23)]
+    assert phases_seen == [(8, 12, 16, 23)]
     _one_phase(monkeypatch)
     np.testing.assert_array_equal(
         windowed, _gpt().generate(prompt, max_new_tokens=20, seed=5, **kwargs)
@@ -192,26 +200,26 @@ def test_seeded_sampling_in_phases_equals_one_phase(phases_seen, monkeypatch, kw
 
 
 def test_ragged_prompts_and_stops_in_later_phases_equal_one_phase(phases_seen, monkeypatch):
-    """Prompts ending in three phases; stop tokens first generated in a later
-    phase end the rows there, and with every row stopped the loop skips the
-    phase left."""
+    """Prompts that end in the first and the second phase; stop tokens first
+    generated in later phases end the rows there, and with every row stopped
+    the loop skips the phase left."""
     lengths, max_new_tokens = np.array([3, 9, 6]), 12
     prompts = np.random.default_rng(3).integers(0, V, (3, 9)).astype("int32")
     mask = np.arange(9)[None] < lengths[:, None]  # (B, P)
     _one_phase(monkeypatch)
     free = _gpt().generate(prompts, max_new_tokens, prompt_padding_mask=mask)
-    # Per row, a token it generates at positions 9 to 15 (the phase of 16)
-    # that no row generates before.
+    # Per row, a token it generates at positions 9 to 15 (the phases of 12
+    # and 16) that no row generates before.
     early = {t for row, n in zip(free, lengths) for t in row[n:9].tolist()}
     stops = sorted({
         next(t for t in row[9 : n + max_new_tokens].tolist() if t not in early)
         for row, n in zip(free, lengths)
     })
     pad = V - 1
-    monkeypatch.setattr(cache_windows, "FIRST_WINDOW", 4)
+    monkeypatch.setattr(cache_windows, "FIRST_WINDOW", 8)
     kwargs = dict(prompt_padding_mask=mask, stop_token_ids=stops, pad_token_id=pad)
     windowed = _gpt().generate(prompts, max_new_tokens, **kwargs)
-    assert phases_seen[-1] == (4, 8, 16, 21)
+    assert phases_seen[-1] == (8, 12, 16, 21)
     _one_phase(monkeypatch)
     np.testing.assert_array_equal(windowed, _gpt().generate(prompts, max_new_tokens, **kwargs))
     for row, free_row, n in zip(windowed, free, lengths):
@@ -240,7 +248,7 @@ def test_translation_in_phases_equals_one_phase(phases_seen, monkeypatch, sampli
         return_scores=True, num_return_sequences=2 if sampling == "beam" else 1,
     )
     ids, scores = _translator().generate(sources, **kwargs)
-    assert phases_seen == [(4, 8, 13)]
+    assert phases_seen == [(8, 12, 13)]
     _one_phase(monkeypatch)
     single_ids, single_scores = _translator().generate(sources, **kwargs)
     np.testing.assert_array_equal(ids, single_ids)
