@@ -78,7 +78,9 @@ def _attend(q, keys, values, mask, scale):
     """One query per row: `q` `(B, 1, H, K)`, keys and values `(B, n, G, K)`,
     `mask` optional bool `(B|1, n)` -> `(B, 1, H, K)`, through per-head
     einsums or, for a long cache, block-diagonal matmuls. The scores and
-    softmax are in float32 at least, the sums in the cache's dtype."""
+    softmax are in float32 at least; the block-diagonal sums in the cache's
+    dtype, the einsums in float32 at least; the output in the cache's
+    dtype."""
     length, groups = keys.shape[1], keys.shape[2]
     if length is not None and length > BLOCK_DIAGONAL_SLOTS_PER_GROUP * groups:
         return _attend_block_diagonal(q, keys, values, mask, scale)
@@ -87,18 +89,23 @@ def _attend(q, keys, values, mask, scale):
 
 def _attend_per_head(q, keys, values, mask, scale):
     """`_attend` as two einsums batched over `(B, G)`; XLA transposes the
-    keys and the values into that head-major order for them at every step."""
+    keys and the values into that head-major order for them at every step.
+    The einsums run in float32 at least: a half-precision einsum outside
+    XLA (TensorFlow's eager op on a CPU) lost a percent of the logits of a
+    float16 model, and over a short cache the casts cost little."""
     heads, head_size = q.shape[2], q.shape[3]
     groups = keys.shape[2]
     batch = ops.shape(q)[0]
-    q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, groups, heads // groups, head_size))
+    dtype = values.dtype
+    compute = keras.backend.result_type(dtype, "float32")
+    q, keys, values = (ops.cast(x, compute) for x in (q, keys, values))
+    q = ops.reshape(q * ops.cast(scale, compute), (batch, groups, heads // groups, head_size))
     scores = ops.einsum("bgrk,bngk->bgrn", q, keys)  # (B, G, R, n)
-    scores = ops.cast(scores, keras.backend.result_type(scores.dtype, "float32"))
     if mask is not None:
         scores = ops.where(mask[:, None, None, :], scores, float("-inf"))
-    probs = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
+    probs = ops.softmax(scores, axis=-1)
     output = ops.einsum("bgrn,bngk->bgrk", probs, values)  # (B, G, R, K)
-    return ops.reshape(output, (batch, 1, heads, head_size))
+    return ops.cast(ops.reshape(output, (batch, 1, heads, head_size)), dtype)
 
 
 def _attend_block_diagonal(q, keys, values, mask, scale):
