@@ -46,11 +46,9 @@ def linear(x, kernel, bias):
     # gradient into `(D, B T)` and `(N, B T)` layouts first: in the GPT
     # example's training step those copies took a third of the time
     # (benchmarks/README.md).
-    kernel = ops.cast(kernel, x.dtype)
     rows = ops.reshape(x, (-1, x.shape[-1]))  # (B T, D)
-    output = ops.matmul(rows, kernel)  # (B T, N)
-    output = ops.reshape(output, ops.shape(x)[:-1] + (kernel.shape[-1],))  # (B, T, N)
-    return output if bias is None else ops.add(output, ops.cast(bias, x.dtype))
+    output = common.linear(rows, kernel, bias)  # (B T, N)
+    return ops.reshape(output, ops.shape(x)[:-1] + (kernel.shape[-1],))  # (B, T, N)
 
 
 def kernel_dtype(dtype):
