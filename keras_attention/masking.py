@@ -244,6 +244,16 @@ def implicit_mask(x):
     return get_keras_mask(x)
 
 
+def attach_mask(x, mask):
+    """Attaches `mask` to `x` as its Keras mask (what `implicit_mask` reads)."""
+    try:
+        from keras.src.backend import set_keras_mask
+    except ImportError:  # older Keras 3 releases keep it as an attribute
+        x._keras_mask = mask
+        return
+    set_keras_mask(x, mask)
+
+
 def compute_attention_mask(
     query,
     value,

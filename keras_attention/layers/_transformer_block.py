@@ -13,6 +13,8 @@ width (`hidden_dim`), `H` heads, `K` head size.
 import inspect
 
 import keras
+import numpy as np
+from keras import ops
 
 from keras_attention import _validation
 from keras_attention import activations
@@ -251,11 +253,12 @@ class TransformerBlock(keras.layers.Layer):
     def _feedforward(self, seed_offset):
         return self.arguments.feedforward(seed_offset, self.dtype_policy)
 
-    def _sublayer(self, x, norm, dropout, fn, training):
+    def _sublayer(self, x, norm, dropout, fn, training, residual=None):
         """One residual sub-layer: post-norm `norm(x + f(x))` or pre-norm
         `x + f(norm(x))`, with dropout on `f`'s output. Returns the new `x`
-        and whatever else `fn` returned."""
-        residual = x
+        and whatever else `fn` returned. A `residual` other than `x` is what
+        `f`'s output adds to, when `f` computes fewer rows than `x` has."""
+        residual = x if residual is None else residual
         if self.normalize_first:
             x = norm(x)
         x, *extra = fn(x)
@@ -362,6 +365,48 @@ def combined_padding_mask(
                 what,
             )
     return masking.merge_masks(padding_mask, masking.implicit_mask(sequence))
+
+
+def check_positions(positions, sequence, name="output_positions", sequence_name="inputs"):
+    """`positions` as int32 `(B, M)` after checking its rank and batch size
+    against `sequence` `(B, T, D)`, and for concrete (numpy) values that
+    each is in `[0, T)`; `ValueError`s name the argument and the value."""
+    if isinstance(positions, (list, tuple, np.ndarray)):
+        positions = np.asarray(positions)
+        length = sequence.shape[1]
+        if not np.issubdtype(positions.dtype, np.integer):
+            raise ValueError(
+                f"`{name}` must hold ints. Received: {name} of dtype {positions.dtype}"
+            )
+        if positions.size and length is not None and (
+            positions.min() < 0 or positions.max() >= length
+        ):
+            bad = positions[(positions < 0) | (positions >= length)][0]
+            raise ValueError(
+                f"`{name}` must hold positions in [0, {length}), the length of "
+                f"`{sequence_name}`. Received: a position {int(bad)}"
+            )
+    _validation.check_rank(name, positions.shape, 2)
+    _validation.check_same_dim(
+        name, positions.shape[0], sequence_name, sequence.shape[0], "batch size"
+    )
+    return ops.cast(positions, "int32")
+
+
+def rows_at(x, positions, axis=1):
+    """`x` at `positions` `(B, M)` (int) along `axis`: `(B, T, ...)` ->
+    `(B, M, ...)` for `axis=1`. An `x` without the batch axis (`axis=0`,
+    `(T, ...)`) gives `(B, M, ...)`; size-1 axes other than `axis`
+    broadcast."""
+    positions = ops.cast(positions, "int32")
+    if axis == 0:
+        return ops.take(x, positions, axis=0)
+    # Indices (B, 1, ..., M, 1, ...): M on `axis`, every other axis broadcast.
+    shape = [1] * len(x.shape)
+    shape[0], shape[axis] = -1, positions.shape[1]
+    if shape[axis] is None:
+        shape[axis] = ops.shape(positions)[1]
+    return ops.take_along_axis(x, ops.reshape(positions, shape), axis=axis)
 
 
 def as_tuple(outputs):

@@ -8,6 +8,7 @@ import keras
 from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
+from keras_attention.layers._transformer_block import check_positions
 from keras_attention.layers._transformer_block import combined_padding_mask
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
@@ -39,10 +40,15 @@ class TransformerEncoder(TransformerStack):
         attention_mask: optional `(B, T, T)` boolean mask.
         training: bool, whether dropout is active.
         return_attention_scores: bool, also return every block's weights.
+        output_positions: optional int `(B, M)`: the output only at these
+            positions. Every block but the last computes all `T` rows (the
+            last one's keys and values need them); the last computes `M`
+            (`TransformerEncoderBlock` says how).
 
     Returns:
-        `(B, T, D)`, or `(output, weights)` where `weights` is a list of `N`
-        tensors `(B, H, T, T)`, one per block.
+        `(B, T, D)` (`(B, M, D)` with `output_positions`), or
+        `(output, weights)` where `weights` is a list of `N` tensors
+        `(B, H, T, T)`, one per block (the last `(B, H, M, T)`).
 
     Example:
 
@@ -71,15 +77,19 @@ class TransformerEncoder(TransformerStack):
         attention_mask=None,
         training=None,
         return_attention_scores=False,
+        output_positions=None,
     ):
         self._check_inputs("inputs", inputs.shape)
         padding_mask = combined_padding_mask(inputs, padding_mask)
         attention_mask = masking.standardize_mask(
             attention_mask, "attention_mask", ranks=(2, 3, 4)
         )
+        if output_positions is not None:
+            output_positions = check_positions(output_positions, inputs)
         x = inputs
         weights = []
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            last = i == len(self.blocks) - 1
             x, *extra = as_tuple(
                 block(
                     x,
@@ -87,6 +97,7 @@ class TransformerEncoder(TransformerStack):
                     attention_mask=attention_mask,
                     training=training,
                     return_attention_scores=return_attention_scores,
+                    output_positions=output_positions if last else None,
                 )
             )
             weights += extra
@@ -99,16 +110,22 @@ class TransformerEncoder(TransformerStack):
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+    def compute_output_spec(
+        self, inputs, return_attention_scores=False, output_positions=None, **kwargs
+    ):
         self._check_inputs("inputs", inputs.shape)
-        output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        queries = length if output_positions is None else output_positions.shape[1]
+        output = keras.KerasTensor(
+            (batch, queries) + tuple(inputs.shape[2:]), dtype=self.compute_dtype
+        )
         if not return_attention_scores:
             return output
-        batch, length = inputs.shape[0], inputs.shape[1]
         weights = [
             keras.KerasTensor(
-                (batch, self.num_heads, length, length), dtype=self.compute_dtype
+                (batch, self.num_heads, length if i < self.num_layers - 1 else queries, length),
+                dtype=self.compute_dtype,
             )
-            for _ in range(self.num_layers)
+            for i in range(self.num_layers)
         ]
         return output, weights

@@ -9,7 +9,9 @@ import keras
 from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import as_tuple
+from keras_attention.layers._transformer_block import check_positions
 from keras_attention.layers._transformer_block import combined_padding_mask
+from keras_attention.layers._transformer_block import rows_at
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -74,9 +76,17 @@ class TransformerEncoderBlock(TransformerBlock):
         attention_mask: optional `(B, T, T)` boolean mask.
         training: bool, whether dropout is active.
         return_attention_scores: bool, also return the attention weights.
+        output_positions: optional int `(B, M)`, positions in `[0, T)`: the
+            block's output only at these positions. Keys and values still
+            come from every position, so each row equals the full output's
+            row at its position, while the queries, the output projection
+            and the feed-forward network run on `M` rows instead of `T`. A
+            masked-LM head that reads the last block at its mask positions
+            needs nothing more.
 
     Returns:
-        `(B, T, D)`, or `(output, weights)` with weights `(B, H, T, T)`.
+        `(B, T, D)` (`(B, M, D)` with `output_positions`), or
+        `(output, weights)` with weights `(B, H, T, T)` (`(B, H, M, T)`).
 
     Example:
 
@@ -121,19 +131,30 @@ class TransformerEncoderBlock(TransformerBlock):
         attention_mask=None,
         training=None,
         return_attention_scores=False,
+        output_positions=None,
     ):
         self._check_inputs("inputs", inputs.shape)
         padding_mask = combined_padding_mask(inputs, padding_mask)
         attention_mask = masking.standardize_mask(
             attention_mask, "attention_mask", ranks=(2, 3, 4)
         )
+        query_mask, residual = padding_mask, None
+        if output_positions is not None:
+            output_positions = check_positions(output_positions, inputs)
+            residual = rows_at(inputs, output_positions)  # (B, M, D)
+            if query_mask is not None:
+                query_mask = rows_at(query_mask, output_positions)
+            if attention_mask is not None:  # the query axis is the second last
+                axis = len(attention_mask.shape) - 2
+                attention_mask = rows_at(attention_mask, output_positions, axis)
 
         # Self attention block.
         def attend(x):
+            query = x if output_positions is None else rows_at(x, output_positions)
             return self.self_attention(
+                query,
                 x,
-                x,
-                query_mask=padding_mask,
+                query_mask=query_mask,
                 value_mask=padding_mask,
                 attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
@@ -146,6 +167,7 @@ class TransformerEncoderBlock(TransformerBlock):
             self.self_attention_residual_dropout,
             lambda x: as_tuple(attend(x)),
             training,
+            residual=residual,
         )
 
         # Feedforward block.
@@ -156,6 +178,11 @@ class TransformerEncoderBlock(TransformerBlock):
             lambda x: (self.feedforward(x, training=training),),
             training,
         )
+        implicit = masking.implicit_mask(inputs)
+        if output_positions is not None and implicit is not None:
+            # The output's Keras mask: the input mask's rows (Keras would
+            # give the input's, of the wrong length).
+            masking.attach_mask(x, rows_at(implicit, output_positions))
         if return_attention_scores:
             return x, weights[0]
         return x
@@ -163,13 +190,18 @@ class TransformerEncoderBlock(TransformerBlock):
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+    def compute_output_spec(
+        self, inputs, return_attention_scores=False, output_positions=None, **kwargs
+    ):
         self._check_inputs("inputs", inputs.shape)
-        output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        queries = length if output_positions is None else output_positions.shape[1]
+        output = keras.KerasTensor(
+            (batch, queries) + tuple(inputs.shape[2:]), dtype=self.compute_dtype
+        )
         if not return_attention_scores:
             return output
-        batch, length = inputs.shape[0], inputs.shape[1]
         weights = keras.KerasTensor(
-            (batch, self.num_heads, length, length), dtype=self.compute_dtype
+            (batch, self.num_heads, queries, length), dtype=self.compute_dtype
         )
         return output, weights

@@ -162,14 +162,22 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):
-        sequence = self.encoder(inputs, training=training)["sequence_output"]  # (B, T, D)
-        return self.mask_logits(sequence, inputs["mask_positions"])
+        # Only the mask positions' rows of the last block: its queries, output
+        # projection and feed-forward network run on M rows instead of T.
+        x = self.encoder(
+            inputs, training=training, output_positions=inputs["mask_positions"]
+        )["sequence_output"]  # (B, M, D)
+        return self.head(x)
 
     def mask_logits(self, sequence, mask_positions):
         """The head: logits `(B, M, V)` of the sequence output `(B, T, D)` at
         `mask_positions` `(B, M)`."""
         positions = ops.expand_dims(ops.cast(mask_positions, "int32"), -1)  # (B, M, 1)
-        x = ops.take_along_axis(sequence, positions, axis=1)  # (B, M, D)
+        return self.head(ops.take_along_axis(sequence, positions, axis=1))
+
+    def head(self, x):
+        """The head on the sequence output's rows at the mask positions:
+        `(B, M, D)` -> logits `(B, M, V)`."""
         x = self.mlm_layer_norm(self.mlm_dense(x))
         logits = self.token_embedding(x, reverse=True)  # (B, M, V)
         return logits + ops.cast(self.mlm_output_bias, logits.dtype)

@@ -58,10 +58,15 @@ class BertEncoder(keras.layers.Layer):
             `"segment_ids"` `(B, T)` (default all 0) and `"padding_mask"`
             `(B, T)` (bool or 0/1, True for real tokens; default all True).
         training: bool, whether dropout is active.
+        output_positions: optional int `(B, M)`: the sequence output only at
+            these positions, the last block computing `M` rows instead of
+            `T` (what a masked-LM head reads; `TransformerEncoderBlock` says
+            how).
 
     Returns:
         A dict: `"sequence_output"` `(B, T, D)` and `"pooled_output"`
-        `(B, D)`.
+        `(B, D)`; with `output_positions`, `"sequence_output"` `(B, M, D)`
+        alone (the pooled output reads position 0 of every row).
 
     Example:
 
@@ -167,7 +172,7 @@ class BertEncoder(keras.layers.Layer):
         self.pooled_dense.build((None, self.hidden_dim))
         self.built = True
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, output_positions=None):
         token_ids = inputs["token_ids"]
         segment_ids = inputs.get("segment_ids")
         if segment_ids is None:
@@ -181,12 +186,23 @@ class BertEncoder(keras.layers.Layer):
         x = tokens + self.position_embedding(tokens) + self.segment_embedding(segment_ids)
         x = self.embeddings_layer_norm(x)
         x = self.embeddings_dropout(x, training=training)
-        x = self.encoder(x, padding_mask=padding_mask, training=training)  # (B, T, D)
+        x = self.encoder(
+            x, padding_mask=padding_mask, training=training, output_positions=output_positions
+        )  # (B, T, D), or (B, M, D) at output_positions
+        if output_positions is not None:
+            return {"sequence_output": x}
         pooled = self.pooled_dense(x[:, 0, :])  # (B, D)
         return {"sequence_output": x, "pooled_output": pooled}
 
-    def compute_output_spec(self, inputs, training=None):
+    def compute_output_spec(self, inputs, training=None, output_positions=None):
         shape = tuple(inputs["token_ids"].shape)
+        if output_positions is not None:
+            shape = shape[:1] + tuple(output_positions.shape[1:])
+            return {
+                "sequence_output": keras.KerasTensor(
+                    shape + (self.hidden_dim,), self.compute_dtype
+                )
+            }
         return {
             "sequence_output": keras.KerasTensor(shape + (self.hidden_dim,), self.compute_dtype),
             "pooled_output": keras.KerasTensor(shape[:1] + (self.hidden_dim,), self.compute_dtype),

@@ -16,6 +16,7 @@ import pytest
 
 import harness
 import numpy_reference as ref
+from keras_attention import masking
 from keras_attention import scoring
 from keras_attention.layers import TransformerEncoderBlock
 from keras_attention.activations import gelu_approximate
@@ -440,6 +441,109 @@ def test_rotary_embedding_makes_the_block_position_aware():
     output = harness.to_numpy(block(x))
     permuted = harness.to_numpy(block(x[:, permutation]))
     assert not np.allclose(permuted, output[:, permutation], atol=1e-3)
+
+
+# Output at some positions only.
+
+
+POSITIONS = np.array([[4, 0, 2], [1, 1, 3]])  # (B, M): repeats and any order
+
+
+def _rows(x, positions=POSITIONS, axis=1):
+    return np.take_along_axis(
+        x, positions.reshape((B,) + (1,) * (axis - 1) + (-1,) + (1,) * (x.ndim - axis - 1)),
+        axis=axis,
+    )
+
+
+@pytest.mark.parametrize("case", [POST_NORM, PRE_NORM])
+@pytest.mark.parametrize("mask_rank", [None, 2, 3, 4])
+def test_output_positions_are_the_full_outputs_rows(case, mask_rank):
+    # Queries at M positions over keys and values at all T: the rows of the
+    # full output, weights included, under every mask form.
+    block = _built(**NUMPY_CASES[case])
+    x = normal((B, T, D))
+    rng = np.random.default_rng(3)
+    kwargs = {"padding_mask": _padding_mask()}
+    if mask_rank is not None:
+        shape = {2: (T, T), 3: (B, T, T), 4: (B, 1, T, T)}[mask_rank]
+        attention_mask = rng.random(shape) < 0.7
+        attention_mask[..., 0] = True
+        kwargs["attention_mask"] = attention_mask
+    full, full_weights = harness.to_numpy(block(x, return_attention_scores=True, **kwargs))
+    rows, weights = harness.to_numpy(
+        block(x, return_attention_scores=True, output_positions=POSITIONS, **kwargs)
+    )
+    assert rows.shape == (B, 3, D) and weights.shape == (B, H, 3, T)
+    np.testing.assert_allclose(rows, _rows(full), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(weights, _rows(full_weights, axis=2), rtol=1e-5, atol=1e-6)
+    fused = harness.to_numpy(block(x, output_positions=POSITIONS, **kwargs))
+    np.testing.assert_allclose(fused, _rows(full), rtol=1e-5, atol=1e-5)
+
+
+def test_output_positions_gradients_equal_the_full_outputs_rows():
+    # What training sees: the same gradients, for every weight, as the full
+    # output gathered at the positions.
+    block = _built(**NUMPY_CASES[PRE_NORM])
+    x = normal((B, T, D))
+    cotangent = keras.ops.convert_to_tensor(normal((B, 3, D), seed=5))
+    padding_mask = _padding_mask()
+
+    def loss(rows):
+        return keras.ops.sum(keras.ops.multiply(rows, cotangent))
+
+    full = harness.variable_gradients(
+        lambda: loss(
+            keras.ops.take_along_axis(
+                block(x, padding_mask=padding_mask), POSITIONS[:, :, None], axis=1
+            )
+        ),
+        block.trainable_variables,
+    )
+    rows = harness.variable_gradients(
+        lambda: loss(block(x, padding_mask=padding_mask, output_positions=POSITIONS)),
+        block.trainable_variables,
+    )
+    for got, want in zip(rows, full):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_output_positions_keep_the_keras_mask_rows():
+    block = _built()
+    model, embedding = _embedded_block_model(block)
+    ids = np.array([[3, 1, 4, 0, 0], [2, 7, 5, 9, 0]], "int32")
+    vectors = embedding(ids)
+    out = block(vectors, output_positions=POSITIONS)
+    mask = harness.to_numpy(masking.implicit_mask(out))
+    np.testing.assert_array_equal(mask, _rows(ids != 0))
+
+
+def test_output_positions_symbolic_shape():
+    out, weights = _block()(
+        keras.KerasTensor((B, T, D)),
+        output_positions=keras.KerasTensor((B, 3), dtype="int32"),
+        return_attention_scores=True,
+    )
+    assert tuple(out.shape) == (B, 3, D) and tuple(weights.shape) == (B, H, 3, T)
+
+
+def test_rejects_bad_output_positions():
+    block = _built()
+    x = normal((B, T, D))
+    with pytest.raises(
+        ValueError,
+        match=r"`output_positions` must hold positions in \[0, 5\), the length of "
+        r"`inputs`\. Received: a position 5",
+    ):
+        block.call(x, output_positions=np.array([[0, 5], [1, 2]]))
+    with pytest.raises(ValueError, match=r"`output_positions` must have rank 2"):
+        block.call(x, output_positions=np.array([0, 1]))
+    with pytest.raises(
+        ValueError, match=r"output_positions batch size=3, inputs batch size=2"
+    ):
+        block.call(x, output_positions=np.zeros((3, 2), "int32"))
+    with pytest.raises(ValueError, match=r"`output_positions` must hold ints"):
+        block.call(x, output_positions=np.zeros((2, 2), "float32"))
 
 
 # Dropout and mixed precision.

@@ -396,6 +396,41 @@ def test_encoder_equals_its_blocks_chained_by_hand(
     np.testing.assert_allclose(fused, expected, rtol=TOLERANCE, atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_encoder_output_positions_are_the_full_outputs_rows(normalize_first):
+    # Only the last block computes fewer rows; the final norm follows them.
+    encoder = _encoder(normalize_first=normalize_first)
+    encoder.build((None, None, D))
+    randomize(encoder)
+    x = normal((B, T, D))
+    padding_mask = np.ones((B, T), bool)
+    padding_mask[0, 3:] = False
+    positions = np.array([[2, 0], [4, 4]])
+    full, full_weights = harness.to_numpy(
+        encoder(x, padding_mask=padding_mask, return_attention_scores=True)
+    )
+    rows, weights = harness.to_numpy(
+        encoder(
+            x, padding_mask=padding_mask, output_positions=positions,
+            return_attention_scores=True,
+        )
+    )
+    np.testing.assert_allclose(
+        rows, np.take_along_axis(full, positions[:, :, None], axis=1), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(weights[0], full_weights[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        weights[-1], np.take_along_axis(full_weights[-1], positions[:, None, :, None], axis=2),
+        rtol=1e-5, atol=1e-6,
+    )
+    symbolic = encoder.compute_output_spec(
+        keras.KerasTensor((B, T, D)), output_positions=keras.KerasTensor((B, 2), "int32"),
+        return_attention_scores=True,
+    )
+    assert tuple(symbolic[0].shape) == (B, 2, D)
+    assert [tuple(w.shape) for w in symbolic[1]] == [(B, H, T, T), (B, H, 2, T)]
+
+
 @pytest.mark.parametrize(
     "normalize_first, final_layer_norm, cross, has_final_norm",
     [

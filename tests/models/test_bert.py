@@ -101,6 +101,13 @@ def test_from_keras_hub_reproduces_the_masked_lm_logits():
     # KerasHub's 0/1 int padding mask reads the same.
     as_ints = dict(inputs, padding_mask=inputs["padding_mask"].astype("int32"))
     np.testing.assert_allclose(_logits(ours, as_ints), expected, rtol=1e-4, atol=1e-4)
+    # The call computes the last block at the mask positions only; the head on
+    # the whole sequence output, read there, is the same function.
+    sequence = ours.encoder(inputs)["sequence_output"]
+    np.testing.assert_allclose(
+        harness.to_numpy(ours.mask_logits(sequence, inputs["mask_positions"])), expected,
+        rtol=1e-4, atol=1e-4,
+    )
 
 
 def test_from_keras_hub_backbone_takes_the_encoder_and_a_new_head():
