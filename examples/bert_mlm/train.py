@@ -387,8 +387,9 @@ def plot_attention_heads(model, vocabulary, sentence, layer, path):
 
     ids = np.array([[data.CLS_ID] + vocabulary.encode(sentence) + [data.SEP_ID]], "int32")
     ids = ids[:, : model.max_sequence_length]
-    inputs = {"token_ids": ids, "mask_positions": np.zeros((1, 1), "int32")}
-    maps = dict(capture_attention(model, inputs))
+    # The encoder alone: the masked-LM model computes its last block at the
+    # mask positions only, so its maps there would have those rows alone.
+    maps = dict(capture_attention(model.encoder, {"token_ids": ids}))
     name = model.encoder.encoder.blocks[layer].self_attention.path
     weights = maps[name][0]  # (H, T, T)
     tokens = [vocabulary.tokens[i] for i in ids[0]]
