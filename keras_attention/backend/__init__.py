@@ -76,6 +76,14 @@ def fori_loop(lower, upper, body, init):
     return current().fori_loop(lower, upper, body, init)
 
 
+def compiled_loop(function):
+    """`function` (of tensors, to tensors), made to run its loops as one
+    compiled program where the backend's graph would copy a loop state at
+    every `slice_update`: XLA on TensorFlow; unchanged elsewhere (JAX
+    compiles everything, torch updates in place)."""
+    return current().compiled_loop(function)
+
+
 def custom_vjp(forward, backward):
     """A function whose gradient is `backward` instead of autodiff of `forward`.
 

@@ -42,6 +42,9 @@ class Preferences:
             loop is compiled with static shapes, a step reads every slot of
             the caches it carries; an eager step can read only the written
             ones (torch's), and more phases would only cost it copies.
+        causal_tiles: whether chunked causal attention runs in square tiles
+            below the diagonal, one loop each way (`kernels.chunked._Tiles`),
+            instead of query chunks in bands.
     """
 
     blocked: str = "never"
@@ -52,6 +55,7 @@ class Preferences:
     guard_with_cond: bool = True
     dropout_kernel: bool = False
     cache_windows: bool = False
+    causal_tiles: bool = False
 
 
 PREFERENCES = Preferences()
@@ -91,6 +95,10 @@ def fori_loop(lower, upper, body, init):
 
 def after(values, dependencies):
     return values
+
+
+def compiled_loop(function):
+    return function
 
 
 def custom_vjp(forward, backward):

@@ -27,10 +27,12 @@ PREFERENCES = Preferences(
     guard_with_cond=False,
     linear_projections=True,
     cache_windows=True,
+    causal_tiles=True,
 )
 
 fori_loop = common.fori_loop
 after = common.after
+compiled_loop = common.compiled_loop
 unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite
 dropout = common.dropout

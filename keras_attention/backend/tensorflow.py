@@ -20,6 +20,7 @@ PREFERENCES = Preferences(
     chunk_long_queries=True,
     repeat_single_key_value_head=True,
     cache_windows=True,
+    causal_tiles=True,
 )
 
 linear = common.linear
@@ -49,6 +50,13 @@ def fori_loop(lower, upper, body, init):
         (lower, init),
         parallel_iterations=1,
     )[1]
+
+
+def compiled_loop(function):
+    # Outside XLA, `slice_update` (XLA's DynamicUpdateSlice) copies its whole
+    # input at every iteration of a graph loop: for the causal tiles at 8,192
+    # tokens, 48 MiB a tile in the backward pass. XLA updates in place.
+    return tf.function(function, jit_compile=True, autograph=False)
 
 
 def custom_vjp(forward, backward):

@@ -134,7 +134,12 @@ def choose_kernel(
             batch, query_length, heads, key_length, chunk_above_bytes, chunk_bytes
         )
         if size is not None:
-            return Choice(CHUNKED, 5, chunk_size=size, **extras)
+            # The guard always on: at these lengths its work, O(S) over the
+            # keys and values, is small beside attention's O(T S), while a
+            # `cond` kept both branches' memory (400 MiB of TensorFlow's
+            # step at 8,192 tokens), and TensorFlow cannot differentiate the
+            # causal tiles' XLA loops inside a `cond` branch.
+            return Choice(CHUNKED, 5, chunk_size=size, **dict(extras, guard_with_cond=cached))
     if preferences.blocked == "always" and static:
         return Choice(BLOCKED, 6, **extras)
     if (

@@ -89,12 +89,16 @@ def attend(choice, q, k, v, mask, scale, is_causal):
         clean_k, clean_v, bad = explicit.sanitize_nonfinite(k, v)
         bad = ops.any(bad, axis=-1)  # (B, S)
         output = masked_kernel(choice, q, clean_k, clean_v, mask, scale, is_causal)
-        if mask is None:
-            visible = bad[:, None, :]  # (B, 1, S)
-            if is_causal:
-                causal = masking.causal_mask(ops.shape(q)[1], ops.shape(k)[1])
-                visible = ops.logical_and(visible, causal[None])  # (B, T, S)
-            sees_bad = ops.any(visible, axis=-1)[:, :, None, None]  # (B, T|1, 1, 1)
+        if mask is None and is_causal:
+            # Query t (at key t + S - T) sees a bad key when the first one is
+            # at or before it: O(T), where the causal matrix would be O(T S).
+            query_length, key_length = ops.shape(q)[1], ops.shape(k)[1]
+            keys = ops.arange(key_length)
+            first_bad = ops.min(ops.where(bad, keys[None], key_length), axis=-1)  # (B,)
+            queries = ops.arange(query_length) + (key_length - query_length)
+            sees_bad = (queries[None] >= first_bad[:, None])[:, :, None, None]  # (B, T, 1, 1)
+        elif mask is None:
+            sees_bad = ops.any(bad, axis=-1)[:, None, None, None]  # (B, 1, 1, 1)
         else:
             visible = ops.logical_and(mask, bad[:, None, None, :])  # (B, H|1, T, S)
             sees_bad = ops.any(visible, axis=-1, keepdims=True)  # (B, H|1, T, 1)

@@ -120,6 +120,66 @@ def test_chunked_output_and_gradients_match_numpy(case, chunk):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
 
 
+# Causal cases for the tiles: `T = S`, offsets, a short last tile, every mask
+# layout (rows and a shared row; per batch and per head; grouped heads).
+TILE_CASES = {
+    "causal_gqa": dict(t=13, s=13, groups=2, mask=None),
+    "offset_mqa": dict(t=7, s=11, groups=1, mask=None),
+    "padding_row": dict(t=10, s=10, groups=2, mask=(B, 1, 1, 10)),
+    "per_batch_offset": dict(t=11, s=14, groups=2, mask=(B, 1, 11, 14)),
+    "per_head": dict(t=9, s=9, groups=4, mask=(B, H, 9, 9)),
+}
+
+
+@pytest.mark.parametrize("case", list(TILE_CASES), ids=list(TILE_CASES))
+@pytest.mark.parametrize("tile", [2, 4])
+def test_causal_tiles_output_and_gradients_match_numpy(case, tile):
+    t, s, groups, mask_shape = (TILE_CASES[case][n] for n in ("t", "s", "groups", "mask"))
+    q, k, v = _normal((B, t, H, K), 1), _normal((B, s, groups, K), 2), _normal((B, s, groups, K), 3)
+    d_output = _normal((B, t, H, K), 4)
+    allowed = ref.causal_mask(t, s)[None, None]
+    mask = None
+    if mask_shape is not None:
+        mask = np.random.default_rng(5).random(mask_shape) > 0.4
+        mask[..., 0] = True
+        allowed = allowed & mask
+    expected, expected_grads = _reference(q, k, v, allowed, 0.6, d_output)
+    ran = []
+    forward = chunked._Tiles.forward
+
+    def counted(self, *args):
+        ran.append(self.chunk)
+        return forward(self, *args)
+
+    def attend(q, k, v):
+        given = None if mask is None else ops.convert_to_tensor(mask)
+        return chunked.chunked_attention(q, k, v, given, 0.6, True, 3, tile=tile)
+
+    with pytest.MonkeyPatch.context() as patch:
+        preferences = dataclasses.replace(backend.preferences(), causal_tiles=True)
+        patch.setattr(backend, "preferences", lambda: preferences)
+        patch.setattr(chunked._Tiles, "forward", counted)
+        output = harness.to_numpy(attend(q, k, v))
+        grads = _gradients(attend, [q, k, v], d_output)
+    assert ran and set(ran) == {tile}  # the tiles ran, not the bands
+    np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-5)
+    for name, got, want in zip("qkv", grads, expected_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+
+
+def test_causal_tiles_plan_covers_what_each_chunk_may_see():
+    q, k = np.zeros((1, 10, 2, 3), "float32"), np.zeros((1, 13, 2, 3), "float32")
+    tiles = chunked._Tiles(q, k, k, None, 1.0, 4)
+    rows, columns, firsts = tiles.plan
+    # Offset 3: chunk i's last query sees keys up to 3 + 4 i + 3, in blocks of
+    # 4 (0-3, 4-7, 8-11, 12); the third chunk's real queries stop at key 12.
+    assert rows.tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2]
+    assert columns.tolist() == [0, 1, 0, 1, 2, 0, 1, 2, 3]
+    assert firsts.tolist() == [1, 0, 1, 0, 0, 1, 0, 0, 0]
+    assert chunked.tile_size(1, 8) == 256  # 2 MiB of float32 scores
+    assert chunked.tile_size(None, 8) == 256 and chunked.tile_size(4, 8) == 128
+
+
 def _plain_and_chunked(mask, causal_flag, chunk=3, guard_with_cond=True):
     def attend(chosen):
         given = None if mask is None else ops.convert_to_tensor(mask)
@@ -313,5 +373,37 @@ def test_layer_training_gradients_equal_the_plain_paths(monkeypatch, padded):
     assert choice.CHUNKED not in plain_kernels and chunked_kernels == {choice.CHUNKED}
     assert len(plain) == len(chunks) == 8
     for got, want in zip(chunks, plain):
+        assert np.all(np.isfinite(got)) and np.any(got != 0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_training_through_the_causal_tiles_equals_the_plain_path(monkeypatch):
+    # The causal flag alone (no mask): square tiles of 4, inside the
+    # trainer's compiled step (on TensorFlow, an XLA loop inside its graph).
+    t, width = 12, 16
+    x, target = _normal((B, t, width), 1), _normal((B, t, width), 2)
+
+    def model():
+        query = keras.Input((t, width))
+        layer = MultiHeadAttention(H, 4, num_key_value_heads=2)
+        built = keras.Model(query, layer(query, query, use_causal_mask=True))
+        built.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss="mse")
+        return built
+
+    plain_model, tiled_model = model(), model()
+    tiled_model.set_weights(plain_model.get_weights())
+    plain, _ = _gradients_of_one_step(plain_model, x, target)
+    _forced_chunks(monkeypatch)
+    preferences = dataclasses.replace(backend.preferences(), causal_tiles=True)
+    monkeypatch.setattr(backend, "preferences", lambda: preferences)
+    monkeypatch.setattr(chunked, "tile_size", lambda *args, **kwargs: 4)
+    ran = []
+    forward = chunked._Tiles.forward
+    monkeypatch.setattr(
+        chunked._Tiles, "forward", lambda self, *a: ran.append(self.chunk) or forward(self, *a)
+    )
+    tiled, kernels_taken = _gradients_of_one_step(tiled_model, x, target)
+    assert kernels_taken == {choice.CHUNKED} and ran and set(ran) == {4}
+    for got, want in zip(tiled, plain):
         assert np.all(np.isfinite(got)) and np.any(got != 0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

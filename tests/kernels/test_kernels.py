@@ -55,10 +55,11 @@ PREFERENCES = {
         chunk_long_queries=True,
         repeat_single_key_value_head=True,
         cache_windows=True,
+        causal_tiles=True,
     ),
     "jax": backend.Preferences(
         blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False,
-        linear_projections=True, cache_windows=True,
+        linear_projections=True, cache_windows=True, causal_tiles=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }
@@ -107,8 +108,9 @@ def test_dropout_kernel_row_needs_every_condition():
 def test_table_rows_per_backend_preferences():
     tf, jax, torch = (PREFERENCES[name] for name in ("tensorflow", "jax", "torch"))
     long = dict(chunk_above_bytes=0, chunk_bytes=B * H * 8 * 4 * 3)  # 3 queries
+    # The chunks' NaN guard runs always, never as a `cond`.
     assert _choose(preferences=tf, **long) == choice.Choice(
-        choice.CHUNKED, 5, "float32", chunk_size=3
+        choice.CHUNKED, 5, "float32", chunk_size=3, guard_with_cond=False
     )
     assert _choose(preferences=jax, **long).kernel == choice.CHUNKED
     assert _choose(preferences=torch, **long).kernel == choice.FUSED  # flash: no chunks
