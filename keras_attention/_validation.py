@@ -327,6 +327,19 @@ def check_token_ids(name, ids, vocabulary_size, max_length, length_name):
         )
 
 
+def check_positions(name, positions, length, sequence_name):
+    """Raises unless every value of numpy `positions` is in `[0, length)`
+    (`length` the last axis of `sequence_name`; None skips the check)."""
+    if positions.size and length is not None and (
+        positions.min() < 0 or positions.max() >= length
+    ):
+        bad = positions[(positions < 0) | (positions >= length)][0]
+        raise ValueError(
+            f"`{name}` must hold positions in [0, {length}), the length of "
+            f"`{sequence_name}`. Received: a position {int(bad)}"
+        )
+
+
 def check_positive_float(name, value):
     """Returns `value` as a float if it is a positive real number, else raises."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:

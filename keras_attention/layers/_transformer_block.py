@@ -378,14 +378,7 @@ def check_positions(positions, sequence, name="output_positions", sequence_name=
             raise ValueError(
                 f"`{name}` must hold ints. Received: {name} of dtype {positions.dtype}"
             )
-        if positions.size and length is not None and (
-            positions.min() < 0 or positions.max() >= length
-        ):
-            bad = positions[(positions < 0) | (positions >= length)][0]
-            raise ValueError(
-                f"`{name}` must hold positions in [0, {length}), the length of "
-                f"`{sequence_name}`. Received: a position {int(bad)}"
-            )
+        _validation.check_positions(name, positions, length, sequence_name)
     _validation.check_rank(name, positions.shape, 2)
     _validation.check_same_dim(
         name, positions.shape[0], sequence_name, sequence.shape[0], "batch size"

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _validation
 from keras_attention.models import layouts
 from keras_attention.models.bert_encoder import BertEncoder
 
@@ -151,14 +152,7 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
             positions = np.asarray(positions)
             ids = inputs["token_ids"]
             length = (ids.shape if hasattr(ids, "shape") else np.shape(ids))[-1]
-            if positions.size and length is not None and (
-                positions.min() < 0 or positions.max() >= length
-            ):
-                bad = positions[(positions < 0) | (positions >= length)][0]
-                raise ValueError(
-                    f"`mask_positions` must hold positions in [0, {length}), the "
-                    f"length of `token_ids`. Received: a position {int(bad)}"
-                )
+            _validation.check_positions("mask_positions", positions, length, "token_ids")
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):
