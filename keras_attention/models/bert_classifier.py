@@ -4,6 +4,7 @@ Shape legend: `B` batch, `T` length, `D` width, `C` classes.
 """
 
 import keras
+from keras import ops
 
 from keras_attention import _validation
 from keras_attention.layers._dropout import Dropout
@@ -19,7 +20,8 @@ class BertClassifier(keras.Model):
     `keras_hub.models.BertTextClassifier`. Fine-tuning trains every weight,
     the encoder's included; `BertClassifier.from_masked_lm` starts from a
     pretrained `BertMaskedLM` (a copy of its encoder, so the masked LM is
-    left as it was).
+    left as it was). The encoder's last block computes the first position
+    only (`output_positions`), the one row the pooled output reads.
 
     Args:
         encoder: a `BertEncoder` (or its config).
@@ -111,7 +113,11 @@ class BertClassifier(keras.Model):
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):
-        pooled = self.encoder(inputs, training=training)["pooled_output"]  # (B, D)
+        # The last block at the first position only: the pooled output reads
+        # no other row of it.
+        first = ops.zeros_like(inputs["token_ids"][:, :1], dtype="int32")  # (B, 1)
+        rows = self.encoder(inputs, training=training, output_positions=first)
+        pooled = self.encoder.pool(rows["sequence_output"][:, 0, :])  # (B, D)
         return self.output_dense(self.output_dropout(pooled, training=training))  # (B, C)
 
     def get_config(self):

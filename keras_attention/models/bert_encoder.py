@@ -191,8 +191,12 @@ class BertEncoder(keras.layers.Layer):
         )  # (B, T, D), or (B, M, D) at output_positions
         if output_positions is not None:
             return {"sequence_output": x}
-        pooled = self.pooled_dense(x[:, 0, :])  # (B, D)
-        return {"sequence_output": x, "pooled_output": pooled}
+        return {"sequence_output": x, "pooled_output": self.pool(x[:, 0, :])}
+
+    def pool(self, first):
+        """The pooled output `(B, D)` of the sequence output's first row
+        `(B, D)` (`[CLS]`'s): a `tanh` dense layer."""
+        return self.pooled_dense(first)
 
     def compute_output_spec(self, inputs, training=None, output_positions=None):
         shape = tuple(inputs["token_ids"].shape)
