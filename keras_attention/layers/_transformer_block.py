@@ -386,6 +386,18 @@ def check_positions(positions, sequence, name="output_positions", sequence_name=
     return ops.cast(positions, "int32")
 
 
+class ChecksOutputPositions:
+    """Checks a layer's `output_positions` before Keras's `__call__` turns a
+    numpy array into a tensor: only concrete values can be range-checked,
+    and out of range, a gather would clamp them silently on JAX."""
+
+    def __call__(self, inputs, *args, **kwargs):
+        positions = kwargs.get("output_positions")
+        if positions is not None:
+            check_positions(positions, inputs)
+        return super().__call__(inputs, *args, **kwargs)
+
+
 def rows_at(x, positions, axis=1):
     """`x` at `positions` `(B, M)` (int) along `axis`: `(B, T, ...)` ->
     `(B, M, ...)` for `axis=1`. An `x` without the batch axis (`axis=0`,

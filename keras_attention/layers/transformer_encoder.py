@@ -7,6 +7,7 @@ import keras
 
 from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerStack
+from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import check_positions
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -14,7 +15,7 @@ from keras_attention.layers.transformer_encoder_block import TransformerEncoderB
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoder(TransformerStack):
+class TransformerEncoder(ChecksOutputPositions, TransformerStack):
     """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
 
     The paper's encoder is a stack of N = 6 identical blocks. Each block has

@@ -8,6 +8,7 @@ import keras
 
 from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerBlock
+from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import check_positions
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -15,7 +16,7 @@ from keras_attention.layers._transformer_block import rows_at
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoderBlock(TransformerBlock):
+class TransformerEncoderBlock(ChecksOutputPositions, TransformerBlock):
     """One encoder layer of "Attention Is All You Need" (section 3.1).
 
     Two sub-layers, each wrapped in dropout, a residual connection and a

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attention import _validation
+from keras_attention.layers._transformer_block import rows_at
 from keras_attention.models import layouts
 from keras_attention.models.bert_encoder import BertEncoder
 
@@ -147,12 +147,7 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
             raise ValueError(
                 f"`inputs` must hold 'mask_positions'. Received: keys {sorted(inputs)}"
             )
-        positions = inputs["mask_positions"]
-        if isinstance(positions, (np.ndarray, list, tuple)):
-            positions = np.asarray(positions)
-            ids = inputs["token_ids"]
-            length = (ids.shape if hasattr(ids, "shape") else np.shape(ids))[-1]
-            _validation.check_positions("mask_positions", positions, length, "token_ids")
+        self.encoder.check_positions("mask_positions", inputs["mask_positions"], inputs)
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):
@@ -166,8 +161,7 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
     def mask_logits(self, sequence, mask_positions):
         """The head: logits `(B, M, V)` of the sequence output `(B, T, D)` at
         `mask_positions` `(B, M)`."""
-        positions = ops.expand_dims(ops.cast(mask_positions, "int32"), -1)  # (B, M, 1)
-        return self.head(ops.take_along_axis(sequence, positions, axis=1))
+        return self.head(rows_at(sequence, mask_positions))  # (B, M, D) rows first
 
     def head(self, x):
         """The head on the sequence output's rows at the mask positions:

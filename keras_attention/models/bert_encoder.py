@@ -172,6 +172,21 @@ class BertEncoder(keras.layers.Layer):
         self.pooled_dense.build((None, self.hidden_dim))
         self.built = True
 
+    def __call__(self, inputs, *args, **kwargs):
+        # Before Keras makes numpy positions a tensor (a gather would clamp them).
+        self.check_positions("output_positions", kwargs.get("output_positions"), inputs)
+        return super().__call__(inputs, *args, **kwargs)
+
+    @staticmethod
+    def check_positions(name, positions, inputs):
+        """Raises a `ValueError` naming `name` for numpy (or list) `positions`
+        outside `[0, T)`, `T` the length of `inputs["token_ids"]`; tensors
+        pass unchecked."""
+        if isinstance(positions, (np.ndarray, list, tuple)):
+            ids = inputs["token_ids"]
+            length = (ids.shape if hasattr(ids, "shape") else np.shape(ids))[-1]
+            _validation.check_positions(name, np.asarray(positions), length, "token_ids")
+
     def call(self, inputs, training=None, output_positions=None):
         token_ids = inputs["token_ids"]
         segment_ids = inputs.get("segment_ids")
@@ -200,17 +215,13 @@ class BertEncoder(keras.layers.Layer):
 
     def compute_output_spec(self, inputs, training=None, output_positions=None):
         shape = tuple(inputs["token_ids"].shape)
-        if output_positions is not None:
-            shape = shape[:1] + tuple(output_positions.shape[1:])
-            return {
-                "sequence_output": keras.KerasTensor(
-                    shape + (self.hidden_dim,), self.compute_dtype
-                )
-            }
-        return {
-            "sequence_output": keras.KerasTensor(shape + (self.hidden_dim,), self.compute_dtype),
-            "pooled_output": keras.KerasTensor(shape[:1] + (self.hidden_dim,), self.compute_dtype),
-        }
+        rows = shape if output_positions is None else shape[:1] + tuple(output_positions.shape[1:])
+        spec = {"sequence_output": keras.KerasTensor(rows + (self.hidden_dim,), self.compute_dtype)}
+        if output_positions is None:
+            spec["pooled_output"] = keras.KerasTensor(
+                shape[:1] + (self.hidden_dim,), self.compute_dtype
+            )
+        return spec
 
     def check_inputs(self, inputs):
         """Raises a `ValueError` naming the input and the value for numpy

@@ -18,6 +18,7 @@ import harness
 import numpy_reference as ref
 from keras_attention import masking
 from keras_attention import scoring
+from keras_attention.layers import TransformerEncoder
 from keras_attention.layers import TransformerEncoderBlock
 from keras_attention.activations import gelu_approximate
 
@@ -528,22 +529,29 @@ def test_output_positions_symbolic_shape():
 
 
 def test_rejects_bad_output_positions():
+    # Through the layer's call, as a user calls it: numpy positions are
+    # checked before Keras makes them a tensor (a gather would clamp them on
+    # JAX); the stack checks them as its last block does.
     block = _built()
     x = normal((B, T, D))
-    with pytest.raises(
-        ValueError,
-        match=r"`output_positions` must hold positions in \[0, 5\), the length of "
-        r"`inputs`\. Received: a position 5",
-    ):
-        block.call(x, output_positions=np.array([[0, 5], [1, 2]]))
+    stack = TransformerEncoder(num_layers=2, intermediate_dim=F, num_heads=H)
+    for layer in (block, stack):
+        with pytest.raises(
+            ValueError,
+            match=r"`output_positions` must hold positions in \[0, 5\), the length of "
+            r"`inputs`\. Received: a position 5",
+        ):
+            layer(x, output_positions=np.array([[0, 5], [1, 2]]))
+        with pytest.raises(ValueError, match=r"Received: a position -1"):
+            layer(x, output_positions=np.array([[0, 1], [-1, 2]]))
     with pytest.raises(ValueError, match=r"`output_positions` must have rank 2"):
-        block.call(x, output_positions=np.array([0, 1]))
+        block(x, output_positions=np.array([0, 1]))
     with pytest.raises(
         ValueError, match=r"output_positions batch size=3, inputs batch size=2"
     ):
-        block.call(x, output_positions=np.zeros((3, 2), "int32"))
+        block(x, output_positions=np.zeros((3, 2), "int32"))
     with pytest.raises(ValueError, match=r"`output_positions` must hold ints"):
-        block.call(x, output_positions=np.zeros((2, 2), "float32"))
+        block(x, output_positions=np.zeros((2, 2), "float32"))
 
 
 # Dropout and mixed precision.

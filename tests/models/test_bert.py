@@ -361,6 +361,18 @@ def test_bad_inputs_are_clear_errors(model, change, message):
         model(dict(_inputs(), **change))
 
 
+def test_encoder_output_positions_are_range_checked(model):
+    inputs = {k: v for k, v in _inputs().items() if k != "mask_positions"}
+    with pytest.raises(
+        ValueError,
+        match=r"`output_positions` must hold positions in \[0, 8\), the length of "
+        r"`token_ids`\. Received: a position 8",
+    ):
+        model.encoder(inputs, output_positions=np.array([[0, 8], [1, 2]]))
+    rows = model.encoder(inputs, output_positions=np.array([[0, 7], [1, 2]]))
+    assert set(rows) == {"sequence_output"} and tuple(rows["sequence_output"].shape) == (2, 2, 8)
+
+
 def test_bad_arguments_and_missing_inputs(model):
     with pytest.raises(ValueError, match=r"`inputs` must hold 'mask_positions'"):
         model({"token_ids": np.ones((1, 4), "int32")})
