@@ -246,6 +246,10 @@ def test_training_stream_resumes_at_the_same_batches(data, vocabulary):
     pairs = [(a, b) for a, b in zip(TEXTS, TEXTS[1:])]
     per_pass = len(pairs) // 8
     stream = data.pair_batches(pairs, vocabulary, 24, 8, 6, seed=3)
+    # No autotuner: deleting its iterator could hold `fit` up to a minute.
+    assert stream.options().autotune.enabled is False
+    unshuffled = data.pair_batches(pairs, vocabulary, 24, 8, 6, seed=3, shuffle=False)
+    assert unshuffled.options().autotune.enabled is False
     first = list(stream.take(per_pass + 3).as_numpy_iterator())
     k = per_pass + 1
     resumed = data.pair_batches(pairs, vocabulary, 24, 8, 6, seed=3, start_step=k)
@@ -262,7 +266,9 @@ def test_training_stream_resumes_at_the_same_batches(data, vocabulary):
 
 def test_testament_batches(data, vocabulary):
     verses = [data.Verse("1:1:1", 1, TEXTS[0]), data.Verse("43:1:1", 43, TEXTS[2])]
-    (x, labels), = data.testament_batches(verses, vocabulary, 16, 4).as_numpy_iterator()
+    dataset = data.testament_batches(verses, vocabulary, 16, 4)
+    assert dataset.options().autotune.enabled is False
+    (x, labels), = dataset.as_numpy_iterator()
     np.testing.assert_array_equal(labels, [0, 1])
     assert x["token_ids"][0, 0] == data.CLS_ID and not x["segment_ids"].any()
     np.testing.assert_array_equal(x["padding_mask"], x["token_ids"] != data.PAD_ID)

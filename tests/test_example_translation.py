@@ -257,7 +257,9 @@ def _rows(dataset):
 
 def test_eval_batches_teacher_forcing_and_padding(data, tokenizer):
     pairs = [data.Pair(str(i), 1, s, t) for i, (s, t) in enumerate(SENTENCES * 5)]
-    rows, batches = _rows(data.eval_batches(pairs, tokenizer, max_length=24, batch_tokens=64))
+    dataset = data.eval_batches(pairs, tokenizer, max_length=24, batch_tokens=64)
+    assert dataset.options().autotune.enabled is False
+    rows, batches = _rows(dataset)
     assert len(rows) == len(pairs)  # none dropped
     expected = sorted(
         (tuple(s[:24]), tuple(t[:23]))  # truncated to max_length with [START] / [END]
@@ -306,6 +308,8 @@ def test_training_stream_is_a_function_of_the_step(data, tokenizer):
     pairs = [data.Pair(str(i), 1, s, t) for i, (s, t) in enumerate(SENTENCES * 6)]
     stream, per_epoch = data.train_batches(pairs, tokenizer, 24, 64, seed=3)
     assert per_epoch > 1
+    # No autotuner: deleting its iterator could hold `fit` up to a minute.
+    assert stream.options().autotune.enabled is False
     first = list(stream.take(2 * per_epoch + 2).as_numpy_iterator())
     # A pass sees every pair at most once and drops each bucket's remainder.
     epoch = [row for batch in first[:per_epoch] for row in batch[1]]

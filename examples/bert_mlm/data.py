@@ -355,7 +355,8 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
     if not shuffle:
         dataset = tf.data.Dataset.from_tensor_slices((first, second)).batch(batch_size)
         dataset = tf.data.Dataset.zip(tf.data.Dataset.range(-1, -(2**62), -1), dataset)
-        return dataset.map(preprocess).cache().prefetch(tf.data.AUTOTUNE)
+        dataset = dataset.map(preprocess).cache().prefetch(tf.data.AUTOTUNE)
+        return common.without_autotuning(dataset)
     per_pass = len(pairs) // batch_size
     if per_pass == 0:
         raise ValueError(
@@ -364,7 +365,7 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
         )
     first_pass, skip = divmod(start_step, per_pass)
     batches = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(skip)
-    return (
+    return common.without_autotuning(
         tf.data.Dataset.zip(tf.data.Dataset.range(start_step, 2**62), batches)
         .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
@@ -390,4 +391,6 @@ def testament_batches(verses, vocabulary, sequence_length, batch_size, seed=None
     dataset = tf.data.Dataset.from_tensor_slices((texts, labels))
     if seed is not None:
         dataset = dataset.repeat().shuffle(len(verses), seed=seed)
-    return dataset.batch(batch_size).map(preprocess).prefetch(tf.data.AUTOTUNE)
+    return common.without_autotuning(
+        dataset.batch(batch_size).map(preprocess).prefetch(tf.data.AUTOTUNE)
+    )

@@ -606,7 +606,7 @@ def train_batches(pairs, tokenizer, max_length, batch_tokens, seed, start_step=0
         .skip(skip)
         .prefetch(tf.data.AUTOTUNE)
     )
-    return dataset, per_epoch
+    return common.without_autotuning(dataset), per_epoch
 
 
 def eval_batches(pairs, tokenizer, max_length, batch_tokens):
@@ -621,8 +621,8 @@ def eval_batches(pairs, tokenizer, max_length, batch_tokens):
     # Bucketing hides the number of batches; stated, `fit` and `evaluate`
     # know where the pass ends.
     count = _count(dataset)
-    return dataset.apply(tf.data.experimental.assert_cardinality(count)).prefetch(
-        tf.data.AUTOTUNE
+    return common.without_autotuning(
+        dataset.apply(tf.data.experimental.assert_cardinality(count)).prefetch(tf.data.AUTOTUNE)
     )
 
 
