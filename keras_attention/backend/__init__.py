@@ -135,6 +135,14 @@ def dropout_attention(q, k, v, mask, scale, rate, seed):
     return current().dropout_attention(q, k, v, mask, scale, rate, seed)
 
 
+def argmax(x):
+    """The index of the largest value along the last axis, the first one
+    on ties, NaN counting as the largest (as numpy's, JAX's and torch's
+    argmax; TensorFlow's skips NaN): through plain reductions under XLA
+    (`common.first_argmax`), `ops.argmax` on torch."""
+    return current().argmax(x)
+
+
 def stateless_uniform(like, seed, step):
     """`U(0, 1)` noise shaped like `like`, a pure function of `(seed, step)`."""
     return current().stateless_uniform(like, seed, step)
@@ -183,6 +191,7 @@ __all__ = [
     "after",
     "Preferences",
     "all_finite",
+    "argmax",
     "block_step",
     "compile_decoding",
     "current",

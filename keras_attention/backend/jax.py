@@ -32,6 +32,7 @@ PREFERENCES = Preferences(
 
 fori_loop = common.fori_loop
 after = common.after
+argmax = common.first_argmax
 compiled_loop = common.compiled_loop
 unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite

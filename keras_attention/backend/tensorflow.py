@@ -24,6 +24,7 @@ PREFERENCES = Preferences(
 )
 
 linear = common.linear
+argmax = common.first_argmax
 unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite
 dropout = common.dropout

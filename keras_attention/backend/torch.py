@@ -42,6 +42,7 @@ PREFERENCES = Preferences(linear_projections=True, dropout_kernel=True)
 kernel_dtype = common.kernel_dtype
 fori_loop = common.fori_loop
 after = common.after
+argmax = common.argmax
 compiled_loop = common.compiled_loop
 
 

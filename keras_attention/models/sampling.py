@@ -33,7 +33,7 @@ def next_token(logits, sampling, temperature, top_k, top_p, seed, step):
     """
     logits = ops.cast(logits, "float32")
     if sampling == "greedy":
-        return ops.cast(ops.argmax(logits, axis=-1), "int32")
+        return ops.cast(backend.argmax(logits), "int32")
     logits = logits / ops.cast(temperature, "float32")
     vocabulary = logits.shape[-1]
     if sampling == "top_k":
@@ -55,4 +55,4 @@ def next_token(logits, sampling, temperature, top_k, top_p, seed, step):
 def _gumbel_argmax(logits, seed, step):
     uniform = backend.stateless_uniform(logits, seed, step)
     gumbel = -ops.log(-ops.log(ops.cast(uniform, "float32")))
-    return ops.argmax(logits + gumbel, axis=-1)
+    return backend.argmax(logits + gumbel)

@@ -202,3 +202,31 @@ def test_translation_step_equals_the_layers():
     np.testing.assert_allclose(harness.to_numpy(got), harness.to_numpy(want), rtol=1e-5, atol=1e-5)
     for mine, theirs in zip(got_caches[0], want_caches[0]):
         np.testing.assert_allclose(harness.to_numpy(mine), harness.to_numpy(theirs), rtol=1e-5, atol=1e-5)
+
+
+def _argmax_cases():
+    x = _normal((7, 37), 4)
+    x[1, [3, 20]] = 9.0  # a tie: the first
+    x[2, [5, 30]] = np.nan  # NaN counts as the largest: the first NaN
+    x[2, 1] = 50.0
+    x[3, :] = -np.inf  # nothing but -inf: the first
+    x[4, 36] = np.inf  # the last position
+    x[5, 0] = np.nan  # NaN first
+    x[6, :] = 2.5  # all equal
+    return x
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("function", ["backend", "first_argmax"])
+def test_argmax_is_the_first_largest_with_nan_as_largest(function, compiled):
+    x = _argmax_cases()
+    argmax = backend.argmax if function == "backend" else backend.common.first_argmax
+    if compiled:
+        argmax = backend.compiled_loop(argmax)
+    got = keras.ops.convert_to_numpy(argmax(keras.ops.convert_to_tensor(x)))
+    # numpy's argmax: the first largest, NaN the largest.
+    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    # Keras's on the rows without NaN (TensorFlow's skips NaN).
+    finite = ~np.isnan(x).any(axis=-1)
+    expected = keras.ops.convert_to_numpy(keras.ops.argmax(x[finite], axis=-1))
+    np.testing.assert_array_equal(got[finite], expected)
