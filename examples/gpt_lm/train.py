@@ -188,7 +188,8 @@ class Evaluation:
                 pair = estimate_batches(self.ids[split], self.config, int(split == "val"), step)
                 # One batch of N B windows: one call, one shape to compile.
                 batch = distribute.even_batches(
-                    tf.data.Dataset.from_tensors(pair), self.distribution
+                    common.without_autotuning(tf.data.Dataset.from_tensors(pair)),
+                    self.distribution,
                 )
                 name = "val_loss" if split == "val" else "train_estimate"
                 losses[name] = model.evaluate(batch, verbose=0)
