@@ -1,12 +1,18 @@
-"""What a decoding step written outside the layers may compute.
+"""What a pass written outside the layers may compute.
 
-A backend's decoding step (`backend.block_step`, `backend.decoder_step`)
-replaces the Keras layers of a decoder block with the same arithmetic
-written out. It may do so only for configurations it computes: each option
-of a layer's `get_config()` is listed below with the values the steps
-accept (`_ANY`: every value). An option not listed (a new feature, say) or
-a value not accepted sends the block to the layers, so a step never
-silently computes something else than the layer would.
+A backend's decoding step (`backend.block_step`, `backend.decoder_step`) and
+its sequence pass (`backend.stack_forward`) replace the Keras layers of a
+decoder block with the same arithmetic written out. They may do so only for
+configurations they compute: each option of a layer's `get_config()` is
+listed below with the values the steps accept (`_ANY`: every value). An
+option not listed (a new feature, say) or a value not accepted sends the
+block to the layers, so a step never silently computes something else than
+the layer would.
+
+The sequence pass also runs in training, where the layers' call does more
+than their arithmetic: it draws dropout, adds activity regularization
+losses and rematerializes under `keras.RematScope`. A block that would do
+any of these goes to the layers (`call_adds_nothing`, `dropout_active`).
 """
 
 import keras
@@ -112,38 +118,113 @@ def plain_norm(norm):
     )
 
 
-def attention_allowed(attention):
+def _attention_denses(attention):
+    return (
+        attention.query_dense,
+        attention.key_dense,
+        attention.value_dense,
+        attention.output_dense,
+    )
+
+
+def _attention_options_allowed(attention):
     return (
         attention is not None
         and allowed(attention, _ATTENTION_OPTIONS)
         and attention.score.dot_product_scale(attention.key_dim) is not None
-        and all(
-            plain(d)
-            for d in (
-                attention.query_dense,
-                attention.key_dense,
-                attention.value_dense,
-                attention.output_dense,
-            )
-        )
     )
+
+
+def attention_allowed(attention):
+    return _attention_options_allowed(attention) and all(
+        plain(d) for d in _attention_denses(attention)
+    )
+
+
+def _norms(block):
+    norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
+    if block.cross_attention is not None:
+        norms.append(block.cross_attention_layer_norm)
+    return norms
+
+
+def _options_allowed(block):
+    """The options of the block and its layers, weights aside."""
+    if block.cross_attention is not None and not _attention_options_allowed(
+        block.cross_attention
+    ):
+        return False
+    return (
+        allowed(block, _BLOCK_OPTIONS)
+        and _attention_options_allowed(block.self_attention)
+        and allowed(block.feedforward, _FEEDFORWARD_OPTIONS)
+        and all(plain_norm(n) for n in _norms(block))
+    )
+
+
+def weights_plain(block):
+    """Every kernel of the block a plain weight (checked at each call: LoRA
+    and quantization can be switched on after the block is made)."""
+    attentions = [block.self_attention]
+    if block.cross_attention is not None:
+        attentions.append(block.cross_attention)
+    denses = [d for a in attentions for d in _attention_denses(a)]
+    denses += [block.feedforward.intermediate_dense, block.feedforward.output_dense]
+    return all(plain(d) for d in denses)
 
 
 def block_allowed(block):
+    return _options_allowed(block) and weights_plain(block)
+
+
+def _layers(block):
+    attention = block.self_attention
     feedforward = block.feedforward
-    norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
-    if block.cross_attention is not None:
-        if not attention_allowed(block.cross_attention):
-            return False
-        norms.append(block.cross_attention_layer_norm)
+    return [
+        block,
+        attention,
+        *_attention_denses(attention),
+        feedforward,
+        feedforward.intermediate_dense,
+        feedforward.output_dense,
+        *_norms(block),
+    ]
+
+
+def sequence_options_allowed(block):
+    """Whether a decoder-only block's options allow the sequence pass: those
+    of the decoding step, no cross-attention, the fused kernel (equal key
+    and value head sizes)."""
+    attention = block.self_attention
     return (
-        allowed(block, _BLOCK_OPTIONS)
-        and attention_allowed(block.self_attention)
-        and allowed(feedforward, _FEEDFORWARD_OPTIONS)
-        and plain(feedforward.intermediate_dense)
-        and plain(feedforward.output_dense)
-        and all(plain_norm(n) for n in norms)
+        block.cross_attention is None
+        and _options_allowed(block)
+        and bool(attention.fused)
+        and attention.key_dim == (attention.value_dim or attention.key_dim)
     )
+
+
+def call_adds_nothing(block):
+    """Whether the layers' calls add nothing to their arithmetic: no activity
+    regularization (a loss the call records), no rematerialization
+    (`keras.RematScope`). Checked at each call: both are attributes a user
+    can set after the block is made."""
+    return all(
+        getattr(layer, "activity_regularizer", None) is None
+        and getattr(layer, "_remat_mode", None) is None
+        for layer in _layers(block)
+    )
+
+
+def dropout_active(block):
+    """Whether a training call of the block draws any dropout."""
+    rates = [
+        block.self_attention_residual_dropout.rate,
+        block.feedforward_residual_dropout.rate,
+        block.self_attention.dropout,
+        block.feedforward.dropout,
+    ]
+    return any(rate > 0 for rate in rates)
 
 
 def embedding_allowed(embedding):

@@ -41,6 +41,8 @@ dropout_attention = common.dropout_attention
 when_finite = common.when_finite
 decoder_step = common.decoder_step
 block_step = common.block_step
+stack_forward = common.stack_forward
+decoder_forward = common.decoder_forward
 
 
 def linear(x, kernel, bias):

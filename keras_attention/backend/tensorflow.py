@@ -33,6 +33,8 @@ when_finite = common.when_finite
 kernel_dtype = common.kernel_dtype
 decoder_step = common.decoder_step
 block_step = common.block_step
+stack_forward = common.stack_forward
+decoder_forward = common.decoder_forward
 
 
 def after(values, dependencies):
