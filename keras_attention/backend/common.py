@@ -21,6 +21,8 @@ class Preferences:
         blocked: when the package's blocked kernel replaces Keras's fused
             one: `"always"`, `"causal_or_short"` (with the causal flag, or
             for at most `SHORT_QUERIES` queries) or `"never"`.
+        blocked_min_queries: the fewest queries a call needs for the blocked
+            kernel (a cache read takes it with any number).
         chunk_long_queries: whether long sequences go through the kernel in
             query chunks (a backend whose CPU kernel holds the whole score
             matrix).
@@ -48,6 +50,7 @@ class Preferences:
     """
 
     blocked: str = "never"
+    blocked_min_queries: int = 0
     chunk_long_queries: bool = False
     repeat_single_key_value_head: bool = False
     fuse_projections: bool = False

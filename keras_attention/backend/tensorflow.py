@@ -1,7 +1,11 @@
-"""TensorFlow: the blocked kernel for every static shape, chunks, XLA loops.
+"""TensorFlow: the blocked kernel for static shapes, chunks, XLA loops.
 
 Measured on a 2-core CPU (benchmarks/README.md): the blocked kernel runs
-1.2-1.8x as fast as Keras's TensorFlow kernel; Keras's kernel repeats
+1.2-1.8x as fast as Keras's TensorFlow kernel from 64 queries on; below
+32 queries, in a compiled model's training step, Keras's kernel was as fast
+or faster (1.00-1.20 times the blocked one at 16 and 20 queries, 0.93-1.06
+at 32), so short self-attention, such as a translation model's sentences,
+keeps it (a cache read keeps the blocked kernel). Keras's kernel repeats
 key/value heads only for more than one key/value head, so multi-query
 attention repeats them itself. Self-attention's Q/K/V as one matmul
 (`fuse_projections`) was faster for the layer alone, but on the path users
@@ -17,6 +21,7 @@ from keras_attention.backend.common import Preferences
 
 PREFERENCES = Preferences(
     blocked="always",
+    blocked_min_queries=32,
     chunk_long_queries=True,
     repeat_single_key_value_head=True,
     cache_windows=True,

@@ -19,8 +19,10 @@ matches decides. The timings behind the reasons are in benchmarks/README.md
     4    value head size != key head size              explicit  Keras's fused kernels need both
                                                                  sizes equal
     5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
-    6    `blocked="always"`, static lengths            blocked   TensorFlow: 1.2-1.8x Keras's
-                                                                 kernel; causal blocks skip work
+    6    `blocked="always"`, static lengths, at least  blocked   TensorFlow: 1.2-1.8x Keras's
+         `blocked_min_queries` queries or a cache read           kernel; causal blocks skip work
+                                                                 (below 32 queries in training
+                                                                 Keras's kernel was as fast)
     7    `blocked="causal_or_short"`, static lengths,  blocked   JAX: causal blocks skip work;
          causal or at most 128 queries                           a decoding step runs faster
     8    otherwise                                     fused     the backend's kernel (torch:
@@ -140,7 +142,11 @@ def choose_kernel(
             # step at 8,192 tokens), and TensorFlow cannot differentiate the
             # causal tiles' XLA loops inside a `cond` branch.
             return Choice(CHUNKED, 5, chunk_size=size, **dict(extras, guard_with_cond=cached))
-    if preferences.blocked == "always" and static:
+    if (
+        preferences.blocked == "always"
+        and static
+        and (cached or query_length >= preferences.blocked_min_queries)
+    ):
         return Choice(BLOCKED, 6, **extras)
     if (
         preferences.blocked == "causal_or_short"

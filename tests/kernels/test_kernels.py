@@ -52,6 +52,7 @@ def _gradients(fn, inputs):
 PREFERENCES = {
     "tensorflow": backend.Preferences(
         blocked="always",
+        blocked_min_queries=32,
         chunk_long_queries=True,
         repeat_single_key_value_head=True,
         cache_windows=True,
@@ -114,9 +115,14 @@ def test_table_rows_per_backend_preferences():
     )
     assert _choose(preferences=jax, **long).kernel == choice.CHUNKED
     assert _choose(preferences=torch, **long).kernel == choice.FUSED  # flash: no chunks
-    assert (_choose(preferences=tf).kernel, _choose(preferences=tf).row) == (
+    assert (_choose(preferences=tf, t=32).kernel, _choose(preferences=tf, t=32).row) == (
         choice.BLOCKED, 6
     )
+    # Fewer queries: Keras's kernel, unless they read a cache.
+    assert (_choose(preferences=tf, t=31).kernel, _choose(preferences=tf, t=31).row) == (
+        choice.FUSED, 8
+    )
+    assert _choose(preferences=tf, t=1, cached=True).row == 6
     assert _choose(preferences=tf, t=None).kernel == choice.FUSED  # dynamic length
     assert _choose(preferences=jax).row == 7  # short queries
     assert _choose(t=512, s=512, preferences=jax).kernel == choice.FUSED
@@ -130,7 +136,7 @@ def test_table_rows_per_backend_preferences():
 
 def test_the_running_backend_declares_its_row():
     assert backend.preferences() == PREFERENCES[BACKEND]
-    got = _choose()
+    got = _choose(t=32, s=32)
     expected = {"tensorflow": choice.BLOCKED, "jax": choice.BLOCKED}
     assert got.kernel == expected.get(BACKEND, choice.FUSED)
 
