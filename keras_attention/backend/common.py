@@ -21,8 +21,9 @@ class Preferences:
         blocked: when the package's blocked kernel replaces Keras's fused
             one: `"always"`, `"causal_or_short"` (with the causal flag, or
             for at most `SHORT_QUERIES` queries) or `"never"`.
-        blocked_min_queries: the fewest queries a call needs for the blocked
-            kernel (a cache read takes it with any number).
+        blocked_min_queries: the fewest float32 queries a call needs for
+            the blocked kernel (a cache read, or another dtype, takes it with
+            any number).
         chunk_long_queries: whether long sequences go through the kernel in
             query chunks (a backend whose CPU kernel holds the whole score
             matrix).

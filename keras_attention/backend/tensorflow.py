@@ -5,7 +5,8 @@ Measured on a 2-core CPU (benchmarks/README.md): the blocked kernel runs
 32 queries, in a compiled model's training step, Keras's kernel was as fast
 or faster (1.00-1.20 times the blocked one at 16 and 20 queries, 0.93-1.06
 at 32), so short self-attention, such as a translation model's sentences,
-keeps it (a cache read keeps the blocked kernel). Keras's kernel repeats
+keeps it (a cache read keeps the blocked kernel, and so do float16 and
+bfloat16, which were not measured). Keras's kernel repeats
 key/value heads only for more than one key/value head, so multi-query
 attention repeats them itself. Self-attention's Q/K/V as one matmul
 (`fuse_projections`) was faster for the layer alone, but on the path users

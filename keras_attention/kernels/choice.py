@@ -20,7 +20,8 @@ matches decides. The timings behind the reasons are in benchmarks/README.md
                                                                  sizes equal
     5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
     6    `blocked="always"`, static lengths, at least  blocked   TensorFlow: 1.2-1.8x Keras's
-         `blocked_min_queries` queries or a cache read           kernel; causal blocks skip work
+         `blocked_min_queries` queries, a cache read             kernel; causal blocks skip work
+         or a dtype other than float32
                                                                  (below 32 queries in training
                                                                  Keras's kernel was as fast)
     7    `blocked="causal_or_short"`, static lengths,  blocked   JAX: causal blocks skip work;
@@ -42,6 +43,8 @@ step, whose gradient at a masked NaN may be NaN).
 """
 
 import dataclasses
+
+import keras
 
 from keras_attention import backend
 from keras_attention.kernels import blocked
@@ -145,7 +148,11 @@ def choose_kernel(
     if (
         preferences.blocked == "always"
         and static
-        and (cached or query_length >= preferences.blocked_min_queries)
+        and (
+            cached
+            or query_length >= preferences.blocked_min_queries
+            or keras.backend.standardize_dtype(dtype) != "float32"  # measured in float32
+        )
     ):
         return Choice(BLOCKED, 6, **extras)
     if (

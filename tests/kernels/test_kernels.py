@@ -123,6 +123,11 @@ def test_table_rows_per_backend_preferences():
         choice.FUSED, 8
     )
     assert _choose(preferences=tf, t=1, cached=True).row == 6
+    lower = kernels.choose_kernel(
+        (B, 8, H, K), (B, 8, H, K), (B, 8, H, K), "float16", dot_product=True,
+        preferences=tf,
+    )
+    assert lower.row == 6  # the threshold was measured in float32 only
     assert _choose(preferences=tf, t=None).kernel == choice.FUSED  # dynamic length
     assert _choose(preferences=jax).row == 7  # short queries
     assert _choose(t=512, s=512, preferences=jax).kernel == choice.FUSED
