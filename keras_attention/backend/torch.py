@@ -452,7 +452,6 @@ class _BlockStep:
         x = self._sublayer(x, self.norm2, feedforward)
         return x, self_cache
 
-
     def sequence(self, x, causal):
         """The block on a whole sequence `x` `(B, T, D)`: self-attention
         (causal or not) and the feedforward, no masks, no cache."""
