@@ -194,28 +194,33 @@ def stack_forward(blocks, x, use_causal_mask, training):
     `x` `(B, T, D)` -> `(B, T, D)`, what `block(x, use_causal_mask=...,
     training=training)` over the blocks in turn computes (no masks, caches
     or cross-attention; the caller sends those to the layers), differentiable
-    as the layers are. On torch, where Keras runs a model eagerly and a
-    layer's call costs more than its arithmetic at small sizes, the blocks'
-    arithmetic in plain torch; None where a block's options are off the
-    allow-list (`allow_lists.sequence_options_allowed`), dropout would be
-    drawn, the output is not finite, or on a backend that compiles its
+    as the layers are, with dropout drawn as the layers draw it. On torch,
+    where Keras runs a model eagerly and a layer's call costs more than its
+    arithmetic at small sizes, the blocks' arithmetic in plain torch; None
+    where a block's options are off the allow-list
+    (`allow_lists.sequence_options_allowed`), its call would add to its
+    arithmetic, the output is not finite, or on a backend that compiles its
     steps (TensorFlow, JAX: nothing to spare).
     """
     return current().stack_forward(blocks, x, use_causal_mask, training)
 
 
-def decoder_forward(embedding, blocks, final_norm, token_ids, training):
+def decoder_forward(
+    embedding, blocks, final_norm, token_ids, training, embedding_dropout=None
+):
     """A decoder-only model's logits outside the layers, or None.
 
     `token_ids` `(B, T)` -> logits `(B, T, V)`: the learned token and
     position embedding (`embedding`, a `TokenAndPositionEmbedding` with tied
-    logits), the causal `blocks` (as `stack_forward`), `final_norm` (or
-    None) and the tied output projection; what `GPT.call` computes without
-    a padding mask. None where `stack_forward` gives None or the embedding
-    is off its allow-list (`mask_zero` included: its mask would reach the
-    blocks).
+    logits), `embedding_dropout` (a dropout layer or None) in training, the
+    causal `blocks` (as `stack_forward`), `final_norm` (or None) and the
+    tied output projection; what `GPT.call` computes without a padding
+    mask. None where `stack_forward` gives None or the embedding is off its
+    allow-list (`mask_zero` included: its mask would reach the blocks).
     """
-    return current().decoder_forward(embedding, blocks, final_norm, token_ids, training)
+    return current().decoder_forward(
+        embedding, blocks, final_norm, token_ids, training, embedding_dropout
+    )
 
 
 __all__ = [

@@ -11,8 +11,10 @@ the layer would.
 
 The sequence pass also runs in training, where the layers' call does more
 than their arithmetic: it draws dropout, adds activity regularization
-losses and rematerializes under `keras.RematScope`. A block that would do
-any of these goes to the layers (`call_adds_nothing`, `dropout_active`).
+losses and rematerializes under `keras.RematScope`. The pass draws dropout
+from the layers' own seed generators, as they would (`own_dropout`); a
+block whose call would do anything else goes to the layers
+(`call_adds_nothing`).
 """
 
 import keras
@@ -216,15 +218,28 @@ def call_adds_nothing(block):
     )
 
 
-def dropout_active(block):
-    """Whether a training call of the block draws any dropout."""
-    rates = [
-        block.self_attention_residual_dropout.rate,
-        block.feedforward_residual_dropout.rate,
-        block.self_attention.dropout,
-        block.feedforward.dropout,
+def own_dropout(layer):
+    """A dropout layer of the package (`layers/_dropout.py`), which draws its
+    whole-shape mask through `backend.dropout` from its own seed generator:
+    a pass that draws the same way gets the same masks."""
+    kind = type(layer)
+    return (
+        kind.__name__ == "Dropout"
+        and kind.__module__.startswith("keras_attention.")
+        and layer.noise_shape is None
+    )
+
+
+def dropout_drawn_as_the_layers(block):
+    """Whether the pass can draw every dropout of a training call of the
+    block as its layers would: the package's own dropout layers, and
+    attention dropout in the backend's dropout kernel (`dropout_kernel`)."""
+    dropouts = [
+        block.self_attention_residual_dropout,
+        block.feedforward_residual_dropout,
+        block.feedforward.dropout_layer,
     ]
-    return any(rate > 0 for rate in rates)
+    return all(own_dropout(layer) for layer in dropouts)
 
 
 def embedding_allowed(embedding):

@@ -178,5 +178,7 @@ def stack_forward(blocks, x, use_causal_mask, training):
     return None
 
 
-def decoder_forward(embedding, blocks, final_norm, token_ids, training):
+def decoder_forward(
+    embedding, blocks, final_norm, token_ids, training, embedding_dropout=None
+):
     return None

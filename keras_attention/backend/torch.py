@@ -236,7 +236,7 @@ def _sequence_allowed(block, training):
         allowed
         and allow_lists.weights_plain(block)
         and allow_lists.call_adds_nothing(block)
-        and not (training and allow_lists.dropout_active(block))
+        and (not training or allow_lists.dropout_drawn_as_the_layers(block))
     )
 
 
@@ -249,24 +249,39 @@ def stack_forward(blocks, x, use_causal_mask, training):
     differentiates it as it would the layers' operations. A non-finite
     output gives None: the layers then apply their rules for NaN and inf
     (which keys reach which queries), which this pass does not compute.
+
+    In training, dropout is drawn from the layers' own seed generators with
+    the layers' arithmetic (`dropout`, `dropout_attention`), so a seeded
+    run draws the masks the layers would. A pass given back for a
+    non-finite output has drawn them already: the layers' recomputation
+    draws the next ones (seeded runs still repeat).
     """
     if torch.compiler.is_compiling() or x.device.type == "meta":
         return None
     if not all(_sequence_allowed(block, training) for block in blocks):
         return None
     for block in blocks:
-        x = _BlockStep(block).sequence(x.to(_torch_dtype(block)), bool(use_causal_mask))
+        x = _BlockStep(block).sequence(
+            x.to(_torch_dtype(block)), bool(use_causal_mask), bool(training)
+        )
     if not bool(torch.isfinite(x).all()):
         return None
     return x
 
 
-def decoder_forward(embedding, blocks, final_norm, token_ids, training):
+def decoder_forward(
+    embedding, blocks, final_norm, token_ids, training, embedding_dropout=None
+):
     """A decoder-only model's logits in plain torch (see
     `backend.decoder_forward`)."""
     if not (
         _embedding_allowed(embedding)
         and (final_norm is None or allow_lists.plain_norm(final_norm))
+        and (
+            not training
+            or embedding_dropout is None
+            or allow_lists.own_dropout(embedding_dropout)
+        )
     ):
         return None
     dtype = _torch_dtype(embedding)
@@ -276,6 +291,8 @@ def decoder_forward(embedding, blocks, final_norm, token_ids, training):
     if token_ids.device.type == "meta":
         return None
     x = F.embedding(token_ids, token_table) + position_table[: token_ids.shape[1]]
+    if training and embedding_dropout is not None:
+        x = _dropped(x, embedding_dropout)
     x = stack_forward(blocks, x, True, training)  # (B, T, D)
     if x is None:
         return None
@@ -290,6 +307,11 @@ def _embedding_allowed(embedding):
         allowed = allow_lists.embedding_allowed(embedding) and not embedding.mask_zero
         _SEQUENCE_OPTIONS_ALLOWED[embedding] = allowed
     return allowed and allow_lists.plain(embedding.token_embedding)
+
+
+def _dropped(x, layer):
+    """What the package's `Dropout` layer gives in training."""
+    return dropout(x, layer.rate, layer.seed_generator) if layer.rate > 0 else x
 
 
 def _torch_dtype(layer):
@@ -330,10 +352,24 @@ class _AttentionWeights:
         self.scale = attention.score.dot_product_scale(attention.key_dim)
         self.width = width
 
-    def attend_sequence(self, h, causal):
-        """Self-attention of a whole `h` `(B, T, D)` -> `(B, T, D)`."""
+    def attend_sequence(self, h, causal, dropout_rate=0.0, seed=None):
+        """Self-attention of a whole `h` `(B, T, D)` -> `(B, T, D)`, with
+        dropout on the weights at `dropout_rate` (drawn from `seed`)."""
         batch, length = h.shape[0], h.shape[1]
         q, k, v = torch.split(F.linear(h, *self.qkv), self.splits, dim=-1)
+        if dropout_rate > 0:
+            # The layers' kernel for attention dropout, with their mask.
+            mask = None
+            if causal:
+                mask = torch.ones(length, length, dtype=torch.bool, device=h.device).tril()
+                mask = mask[None, None]  # (1, 1, T, T)
+            attended = dropout_attention(
+                q.view(batch, length, self.heads, -1),
+                k.view(batch, length, self.kv_heads, -1),
+                v.view(batch, length, self.kv_heads, -1),
+                mask, self.scale, dropout_rate, seed,
+            )  # (B, T, H, K)
+            return F.linear(attended.reshape(batch, length, -1), *self.output)
         q = q.view(batch, length, self.heads, -1).transpose(1, 2)  # (B, H, T, K)
         k = k.view(batch, length, self.kv_heads, -1).transpose(1, 2)  # (B, G, T, K)
         v = v.view(batch, length, self.kv_heads, -1).transpose(1, 2)  # (B, G, T, K)
@@ -390,6 +426,7 @@ class _BlockStep:
 
     def __init__(self, block):
         dtype = _torch_dtype(block)
+        self.block = block
         self.normalize_first = block.normalize_first
         self.self_attention = _AttentionWeights(block.self_attention, dtype, True)
         self.norm1 = _norm_weights(block.self_attention_layer_norm)
@@ -452,17 +489,26 @@ class _BlockStep:
         x = self._sublayer(x, self.norm2, feedforward)
         return x, self_cache
 
-    def sequence(self, x, causal):
+    def sequence(self, x, causal, training=False):
         """The block on a whole sequence `x` `(B, T, D)`: self-attention
-        (causal or not) and the feedforward, no masks, no cache."""
-        x = self._sublayer(
-            x, self.norm1, lambda h: self.self_attention.attend_sequence(h, causal)
-        )
+        (causal or not) and the feedforward, no masks, no cache; in
+        training, the layers' dropout drawn from their seed generators."""
+        block = self.block
+        attention = block.self_attention
+        rate = attention.dropout if training else 0.0
+
+        def self_attend(h):
+            h = self.self_attention.attend_sequence(h, causal, rate, attention.seed_generator)
+            return _dropped(h, block.self_attention_residual_dropout) if training else h
 
         def feedforward(h):
             h = self.activation(F.linear(h, *self.intermediate))
-            return F.linear(h, *self.feedforward_output)
+            if training:
+                h = _dropped(h, block.feedforward.dropout_layer)
+            h = F.linear(h, *self.feedforward_output)
+            return _dropped(h, block.feedforward_residual_dropout) if training else h
 
+        x = self._sublayer(x, self.norm1, self_attend)
         return self._sublayer(x, self.norm2, feedforward)
 
 

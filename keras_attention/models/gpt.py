@@ -193,17 +193,14 @@ class GPT(layouts.TensorParallel, keras.Model):
         return super().__call__(token_ids, *args, **kwargs)
 
     def call(self, token_ids, padding_mask=None, training=None):
-        if (
-            padding_mask is None
-            and not (training and self.embedding_dropout.rate > 0)
-            and not kernels.is_recording()
-        ):
+        if padding_mask is None and not kernels.is_recording():
             logits = backend.decoder_forward(
                 self.embedding,
                 self.decoder.blocks,
                 self.decoder.output_layer_norm,
                 token_ids,
                 training,
+                embedding_dropout=self.embedding_dropout,
             )  # (B, T, V), or None: the layers
             if logits is not None:
                 return logits

@@ -147,20 +147,77 @@ def _runs_outside(stack, training=True):
     return backend.stack_forward(stack.blocks, x, True, training) is not None
 
 
-def test_dropout_in_training_goes_to_the_layers():
-    for kwargs in (dict(dropout=0.1), dict(attention_dropout=0.1), dict(feedforward_dropout=0.1)):
-        stack = _stack(**kwargs)
-        assert not _runs_outside(stack, training=True), kwargs
-        # Inference draws no dropout: the pass runs, and equals the layers.
-        assert _runs_outside(stack, training=False) == (BACKEND == "torch"), kwargs
-    stack = _stack(dropout=0.5, seed=1)
-    x = keras.ops.convert_to_tensor(_normal((B, T, D), 1))
-    inference = harness.to_numpy(stack(x))
-    np.testing.assert_allclose(
-        inference, harness.to_numpy(_through_layers(lambda: stack(x))),
-        rtol=TOLERANCE, atol=TOLERANCE,
+def _gpt_pair(**kwargs):
+    """Two GPTs with the same weights and seeds: what one draws through the
+    pass, the other draws through the layers."""
+    models = []
+    for _ in range(2):
+        model = GPT(
+            vocabulary_size=V, max_sequence_length=8, num_layers=2, num_heads=2,
+            hidden_dim=D, intermediate_dim=16, seed=5, **kwargs,
+        )
+        model.build((None, None))
+        _randomize(model)
+        models.append(model)
+    return models
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(dropout=0.3),  # embedding, residual and attention dropout
+        dict(dropout=0.2, num_key_value_heads=1),
+    ],
+    ids=["dropout", "dropout_multi_query"],
+)
+def test_dropout_in_training_draws_what_the_layers_draw(kwargs):
+    fast, layers = _gpt_pair(**kwargs)
+    ids = np.random.default_rng(2).integers(0, V, size=(B, T)).astype("int32")
+    ran = backend.decoder_forward(
+        fast.embedding, fast.decoder.blocks, fast.decoder.output_layer_norm, ids, True,
+        embedding_dropout=fast.embedding_dropout,
     )
-    assert not np.allclose(harness.to_numpy(stack(x, training=True)), inference)
+    assert (ran is not None) == (BACKEND == "torch")
+    # `ran` drew from the fast model's generators: both draw once more here.
+    if ran is not None:
+        _through_layers(lambda: layers(ids, training=True))
+    cotangent = keras.ops.convert_to_tensor(_normal((B, T, V), 4))
+    got = harness.to_numpy(fast(ids, training=True))
+    want = harness.to_numpy(_through_layers(lambda: layers(ids, training=True)))
+    np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+    # Dropout did act: training differs from inference.
+    assert not np.allclose(got, harness.to_numpy(fast(ids)), atol=1e-3)
+    got_grads = harness.variable_gradients(
+        lambda: keras.ops.sum(fast(ids, training=True) * cotangent), fast.trainable_variables
+    )
+    want_grads = _through_layers(
+        lambda: harness.variable_gradients(
+            lambda: keras.ops.sum(layers(ids, training=True) * cotangent),
+            layers.trainable_variables,
+        )
+    )
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_dropout_in_the_stack_draws_what_the_layers_draw():
+    stacks = []
+    for _ in range(2):
+        stack = TransformerDecoder(
+            2, 16, 2, dropout=0.2, attention_dropout=0.3, feedforward_dropout=0.4, seed=3
+        )
+        stack.build((None, None, D))
+        _randomize(stack)
+        stacks.append(stack)
+    fast, layers = stacks
+    x = _normal((B, T, D), 1)
+    assert _runs_outside(fast, training=True) == (BACKEND == "torch")
+    if BACKEND == "torch":
+        _through_layers(lambda: layers(x, training=True))  # the same draws
+    got = harness.to_numpy(fast(x, training=True))
+    want = harness.to_numpy(_through_layers(lambda: layers(x, training=True)))
+    np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+    assert not np.allclose(got, harness.to_numpy(fast(x)), atol=1e-3)
 
 
 def test_options_the_pass_does_not_compute_go_to_the_layers():
