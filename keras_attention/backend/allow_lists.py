@@ -195,13 +195,13 @@ def _layers(block):
 
 def sequence_options_allowed(block):
     """Whether a decoder-only block's options allow the sequence pass: those
-    of the decoding step, no cross-attention, the fused kernel (equal key
-    and value head sizes)."""
+    of the decoding step, no cross-attention, equal key and value head
+    sizes (the fused kernel's; whether the layer asks for it, an attribute,
+    is checked at each call: `call_adds_nothing`)."""
     attention = block.self_attention
     return (
         block.cross_attention is None
         and _options_allowed(block)
-        and bool(attention.fused)
         and attention.key_dim == (attention.value_dim or attention.key_dim)
     )
 
@@ -209,9 +209,10 @@ def sequence_options_allowed(block):
 def call_adds_nothing(block):
     """Whether the layers' calls add nothing to their arithmetic: no activity
     regularization (a loss the call records), no rematerialization
-    (`keras.RematScope`). Checked at each call: both are attributes a user
-    can set after the block is made."""
-    return all(
+    (`keras.RematScope`), and the attention's fused kernel, not the explicit
+    one it may be switched to. Checked at each call: all are attributes a
+    user can set after the block is made."""
+    return bool(block.self_attention.fused) and all(
         getattr(layer, "activity_regularizer", None) is None
         and getattr(layer, "_remat_mode", None) is None
         for layer in _layers(block)

@@ -244,6 +244,11 @@ def test_options_the_pass_does_not_compute_go_to_the_layers():
     with keras.RematScope(mode="full"):
         rematerialized = _stack()
     assert not _runs_outside(rematerialized)
+    # The explicit kernel asked for, also after a first call.
+    stack = _stack()
+    stack(x, training=True)
+    stack.blocks[1].self_attention.fused = False
+    assert not _runs_outside(stack)
 
 
 def test_a_non_finite_input_keeps_the_layers_rules():
