@@ -232,9 +232,11 @@ def own_dropout(layer):
 
 
 def dropout_drawn_as_the_layers(block):
-    """Whether the pass can draw every dropout of a training call of the
-    block as its layers would: the package's own dropout layers, and
-    attention dropout in the backend's dropout kernel (`dropout_kernel`)."""
+    """Whether the pass can draw every dropout layer of a training call of
+    the block as the layers would: the package's own dropout layers.
+    (Attention dropout needs no check here: on torch the layers draw it in
+    `dropout_attention`, `Preferences.dropout_kernel`, which the pass calls
+    too.)"""
     dropouts = [
         block.self_attention_residual_dropout,
         block.feedforward_residual_dropout,

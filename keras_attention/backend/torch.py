@@ -292,8 +292,7 @@ def decoder_forward(
     if token_ids.device.type == "meta":
         return None
     x = F.embedding(token_ids, token_table) + position_table[: token_ids.shape[1]]
-    if training and embedding_dropout is not None:
-        x = _dropped(x, embedding_dropout)
+    x = _dropped(x, embedding_dropout, training)
     x = stack_forward(blocks, x, True, training)  # (B, T, D)
     if x is None:
         return None
@@ -310,9 +309,11 @@ def _embedding_allowed(embedding):
     return allowed and allow_lists.plain(embedding.token_embedding)
 
 
-def _dropped(x, layer):
-    """What the package's `Dropout` layer gives in training."""
-    return dropout(x, layer.rate, layer.seed_generator) if layer.rate > 0 else x
+def _dropped(x, layer, training):
+    """What the package's `Dropout` layer (or None) gives."""
+    if not training or layer is None or layer.rate == 0:
+        return x
+    return dropout(x, layer.rate, layer.seed_generator)
 
 
 def _torch_dtype(layer):
@@ -500,14 +501,13 @@ class _BlockStep:
 
         def self_attend(h):
             h = self.self_attention.attend_sequence(h, causal, rate, attention.seed_generator)
-            return _dropped(h, block.self_attention_residual_dropout) if training else h
+            return _dropped(h, block.self_attention_residual_dropout, training)
 
         def feedforward(h):
             h = self.activation(F.linear(h, *self.intermediate))
-            if training:
-                h = _dropped(h, block.feedforward.dropout_layer)
+            h = _dropped(h, block.feedforward.dropout_layer, training)
             h = F.linear(h, *self.feedforward_output)
-            return _dropped(h, block.feedforward_residual_dropout) if training else h
+            return _dropped(h, block.feedforward_residual_dropout, training)
 
         x = self._sublayer(x, self.norm1, self_attend)
         return self._sublayer(x, self.norm2, feedforward)
