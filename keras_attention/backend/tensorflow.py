@@ -93,4 +93,4 @@ def compile_decoding(loop, variables, fast_step=None):
     def traced(*args):
         return loop(*args, step=None if fast_step is None else fast_step())
 
-    return tf.function(traced, jit_compile=True)
+    return tf.function(traced, jit_compile=True, autograph=False)
