@@ -58,38 +58,12 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # nanoGPT, written out.
 
 
-def nanogpt(steps, eval_interval, eval_iters, out_dir):
-    """nanoGPT's `train.py` with the CPU configuration; returns its times and
-    losses."""
-    import numpy as np
+def nanogpt_model(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128):
+    """nanoGPT's `model.py` GPT with `bias=False` and no dropout; the caller
+    seeds torch first (the initialization draws from its generator)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
-
-    sys.path.insert(0, str(ROOT / "examples"))
-    import common
-
-    block_size, batch_size, n_layer, n_head, n_embd = 64, 12, 4, 4, 128
-    learning_rate, min_lr, warmup_iters, lr_decay_iters = 1e-3, 1e-4, 100, steps
-    weight_decay, beta1, beta2, grad_clip = 1e-1, 0.9, 0.99, 1.0
-    torch.manual_seed(1337)
-
-    # data/shakespeare_char/prepare.py: characters of the whole text, 90/10.
-    text = common.load_text()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    data = np.array([stoi[c] for c in text], dtype=np.uint16)
-    n = int(0.9 * len(data))
-    splits = {"train": data[:n], "val": data[n:]}
-
-    def get_batch(split):
-        data = splits[split]
-        ix = torch.randint(len(data) - block_size, (batch_size,))
-        x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
-        y = torch.stack(
-            [torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix]
-        )
-        return x, y
 
     class LayerNorm(nn.Module):  # bias=False: weight only
         def __init__(self, dim):
@@ -162,13 +136,54 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
             return logits, loss
 
-    model = GPT(len(chars))
+    return GPT(vocab_size)
+
+
+def nanogpt_optimizer(model, learning_rate, weight_decay=0.1, betas=(0.9, 0.99)):
+    """nanoGPT's AdamW: weight decay on matrices and embeddings only."""
+    import torch
+
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2))
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+
+
+def nanogpt(steps, eval_interval, eval_iters, out_dir):
+    """nanoGPT's `train.py` with the CPU configuration; returns its times and
+    losses."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import common
+
+    block_size, batch_size, n_layer, n_head, n_embd = 64, 12, 4, 4, 128
+    learning_rate, min_lr, warmup_iters, lr_decay_iters = 1e-3, 1e-4, 100, steps
+    weight_decay, beta1, beta2, grad_clip = 1e-1, 0.9, 0.99, 1.0
+    torch.manual_seed(1337)
+
+    # data/shakespeare_char/prepare.py: characters of the whole text, 90/10.
+    text = common.load_text()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = np.array([stoi[c] for c in text], dtype=np.uint16)
+    n = int(0.9 * len(data))
+    splits = {"train": data[:n], "val": data[n:]}
+
+    def get_batch(split):
+        data = splits[split]
+        ix = torch.randint(len(data) - block_size, (batch_size,))
+        x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
+        y = torch.stack(
+            [torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix]
+        )
+        return x, y
+
+    model = nanogpt_model(len(chars), block_size, n_layer, n_head, n_embd)
+    optimizer = nanogpt_optimizer(model, learning_rate, weight_decay, (beta1, beta2))
 
     def get_lr(it):
         if it < warmup_iters:
