@@ -12,7 +12,11 @@ attention repeats them itself. Self-attention's Q/K/V as one matmul
 (`fuse_projections`) was faster for the layer alone, but on the path users
 take, a compiled model's `train_on_batch`, the three projections ran
 1.07-1.13x as fast as the one matmul at 128, 512 and 1,024 tokens (interleaved,
-benchmarks/README.md), so it is off here too.
+benchmarks/README.md), so it is off here too. Projections run as one
+`linear` (`linear_projections`) instead of the `EinsumDense` and `Dense`
+calls: the translation model's training step ran 1.12-1.29x as fast that
+way (four interleaved runs), the GPT example's and `MultiHeadAttention`'s
+alone within the noise of either.
 """
 
 import tensorflow as tf
@@ -24,6 +28,7 @@ PREFERENCES = Preferences(
     blocked="always",
     blocked_min_queries=32,
     chunk_long_queries=True,
+    linear_projections=True,
     repeat_single_key_value_head=True,
     cache_windows=True,
     causal_tiles=True,

@@ -5,9 +5,11 @@ query heads, `G` key/value heads, `K` key head size, `V` value head size.
 
 Keras's `Dense` and `EinsumDense` compute `x @ kernel` and then add the bias
 in a second pass. Where the backend prefers (`Preferences.linear_projections`:
-torch, whose `linear` adds the bias inside the GEMM), a projection with a
-plain kernel runs as one `backend.linear` call, which also skips the
-layer-call machinery, most of the cost of a small eager decoding step.
+torch, whose `linear` adds the bias inside the GEMM and skips the layer-call
+machinery, most of the cost of a small eager decoding step; JAX and
+TensorFlow, whose compiled training steps ran faster with the plain matmul
+than with the einsum), a projection with a plain kernel runs as one
+`backend.linear` call.
 """
 
 import keras
@@ -45,9 +47,12 @@ def project(dense, x, merge_heads=False):
         return dense(x)
     x = ops.convert_to_tensor(x, dense.compute_dtype)  # as the layer casts
     batch, length = ops.shape(x)[0], ops.shape(x)[1]
+    # The kernel's input width, static where a graph's batch and length
+    # are not: `(D, ...)`, or `(H, V, ...)` with `merge_heads`.
+    width = dense.kernel.shape[0] * (dense.kernel.shape[1] if merge_heads else 1)
     if merge_heads:
-        x = ops.reshape(x, (batch, length, -1))  # (B, T, H V)
-    kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))  # (D, N)
+        x = ops.reshape(x, (batch, length, width))  # (B, T, H V)
+    kernel = ops.reshape(dense.kernel, (width, -1))  # (D, N)
     bias = None if dense.bias is None else ops.reshape(dense.bias, (-1,))  # (N,)
     output = backend.linear(x, kernel, bias)  # (B, T, N)
     if dense.activation is not keras.activations.linear:

@@ -172,7 +172,7 @@ def test_preferences_are_declared_per_backend():
     assert preferences.blocked in ("always", "causal_or_short", "never")
     expected = {"tensorflow": "always", "jax": "causal_or_short", "torch": "never"}
     assert preferences.blocked == expected[BACKEND]
-    assert preferences.linear_projections == (BACKEND in ("jax", "torch"))
+    assert preferences.linear_projections
     assert not preferences.fuse_projections  # an option; no backend's default
 
 

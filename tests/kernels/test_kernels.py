@@ -54,6 +54,7 @@ PREFERENCES = {
         blocked="always",
         blocked_min_queries=32,
         chunk_long_queries=True,
+        linear_projections=True,
         repeat_single_key_value_head=True,
         cache_windows=True,
         causal_tiles=True,
