@@ -19,6 +19,7 @@ way (four interleaved runs), the GPT example's and `MultiHeadAttention`'s
 alone within the noise of either.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from keras_attention.backend import common
@@ -98,4 +99,18 @@ def compile_decoding(loop, variables, fast_step=None):
     def traced(*args):
         return loop(*args, step=None if fast_step is None else fast_step())
 
-    return tf.function(traced, jit_compile=True, autograph=False)
+    function = tf.function(traced, jit_compile=True, autograph=False)
+    concrete = {}
+
+    def call(*args):
+        # The concrete function of the arguments' shapes and dtypes, called
+        # directly: `tf.function`'s own dispatch (canonicalizing and hashing
+        # the call's type, looking it up) costs more than a short loop.
+        if not all(isinstance(a, np.ndarray) or isinstance(a, np.generic) for a in args):
+            return function(*args)
+        key = tuple((a.shape, a.dtype.str) for a in args)
+        if key not in concrete:
+            concrete[key] = function.get_concrete_function(*args)
+        return concrete[key](*args)
+
+    return call

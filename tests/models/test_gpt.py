@@ -288,6 +288,19 @@ def test_greedy_generation_equals_recomputing_every_step(model, prompt, greedy):
     np.testing.assert_array_equal(model.generate(tensor, max_new_tokens=8), greedy)
 
 
+def test_generation_reads_the_weights_at_each_call(prompt):
+    """The compiled loop, made at the first call, decodes with the weights a
+    later call finds (a model sampled between training intervals)."""
+    changed = _small_gpt(seed=0)
+    other = _small_gpt(seed=5)
+    before = changed.generate(prompt, max_new_tokens=6)
+    changed.set_weights(other.get_weights())
+    after = changed.generate(prompt, max_new_tokens=6)
+    np.testing.assert_array_equal(after, other.generate(prompt, max_new_tokens=6))
+    np.testing.assert_array_equal(after, _greedy_reference(other, prompt, 6))
+    assert not np.array_equal(before, after)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(sampling="top_k", top_k=1), dict(sampling="top_p", top_p=1e-6)],
