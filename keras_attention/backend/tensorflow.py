@@ -15,7 +15,7 @@ take, a compiled model's `train_on_batch`, the three projections ran
 benchmarks/README.md), so it is off here too. Projections run as one
 `linear` (`linear_projections`) instead of the `EinsumDense` and `Dense`
 calls: the translation model's training step ran 1.12-1.29x as fast that
-way (four interleaved runs), the GPT example's and `MultiHeadAttention`'s
+way (five interleaved runs), the GPT example's and `MultiHeadAttention`'s
 alone within the noise of either.
 """
 
