@@ -223,12 +223,10 @@ def own_dropout(layer):
     """A dropout layer of the package (`layers/_dropout.py`), which draws its
     whole-shape mask through `backend.dropout` from its own seed generator:
     a pass that draws the same way gets the same masks."""
-    kind = type(layer)
-    return (
-        kind.__name__ == "Dropout"
-        and kind.__module__.startswith("keras_attention.")
-        and layer.noise_shape is None
-    )
+    # Imported here: the layers import this package.
+    from keras_attention.layers._dropout import Dropout
+
+    return type(layer) is Dropout and layer.noise_shape is None
 
 
 def dropout_drawn_as_the_layers(block):

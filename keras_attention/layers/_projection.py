@@ -16,16 +16,12 @@ import keras
 from keras import ops
 
 from keras_attention import backend
-
-
-def is_plain(dense):
-    """A kernel that is a plain weight: no quantization, no LoRA."""
-    return dense.quantization_mode is None and not dense.lora_enabled
+from keras_attention.backend import allow_lists
 
 
 def takes_linear(dense):
     """Whether `dense` is better called as one `backend.linear`."""
-    return backend.preferences().linear_projections and is_plain(dense)
+    return backend.preferences().linear_projections and allow_lists.plain(dense)
 
 
 def dense_call(dense, x):
@@ -95,7 +91,7 @@ def project_self(query_dense, key_dense, value_dense, x):
 
 def fusable(denses, width):
     """Whether the kernels can be concatenated (plain, reading `width`)."""
-    return all(is_plain(d) and d.kernel.shape[0] == width for d in denses)
+    return all(allow_lists.plain(d) and d.kernel.shape[0] == width for d in denses)
 
 
 def einsum_dense(layer, equation, output_shape, bias_axes, name, activation=None):
