@@ -19,11 +19,14 @@ class Preferences:
 
     Attributes:
         blocked: when the package's blocked kernel replaces Keras's fused
-            one: `"always"`, `"causal_or_short"` (with the causal flag, or
-            for at most `SHORT_QUERIES` queries) or `"never"`.
+            one: `"always"` or `"never"`.
         blocked_min_queries: the fewest float32 queries a call needs for
             the blocked kernel (a cache read, or another dtype, takes it with
             any number).
+        causal_blocks: the most query blocks the blocked kernel splits causal
+            attention into: more skip more of the scores above the diagonal
+            (eight skip 7/16), and each adds its slices, masks and, in the
+            backward pass, the padding of its key and value gradients.
         chunk_long_queries: whether long sequences go through the kernel in
             query chunks (a backend whose CPU kernel holds the whole score
             matrix).
@@ -52,6 +55,7 @@ class Preferences:
 
     blocked: str = "never"
     blocked_min_queries: int = 0
+    causal_blocks: int = 8
     chunk_long_queries: bool = False
     repeat_single_key_value_head: bool = False
     fuse_projections: bool = False

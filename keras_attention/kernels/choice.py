@@ -19,14 +19,15 @@ matches decides. The timings behind the reasons are in benchmarks/README.md
     4    value head size != key head size              explicit  Keras's fused kernels need both
                                                                  sizes equal
     5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
-    6    `blocked="always"`, static lengths, at least  blocked   TensorFlow: 1.2-1.8x Keras's
-         `blocked_min_queries` queries, a cache read             kernel; causal blocks skip work
-         or a dtype other than float32
-                                                                 (below 32 queries in training
-                                                                 Keras's kernel was as fast)
-    7    `blocked="causal_or_short"`, static lengths,  blocked   JAX: causal blocks skip work;
-         causal or at most 128 queries                           a decoding step runs faster
-    8    otherwise                                     fused     the backend's kernel (torch:
+    6    `blocked="always"`, static lengths, at least  blocked   causal blocks skip work;
+         `blocked_min_queries` queries, a cache read             TensorFlow: 1.2-1.8x Keras's
+         or a dtype other than float32                           kernel (below 32 queries in
+                                                                 training Keras's kernel was
+                                                                 as fast); JAX: XLA's CPU
+                                                                 code for Keras's kernel took
+                                                                 1.2-1.6x as long, forward
+                                                                 and backward
+    7    otherwise                                     fused     the backend's kernel (torch:
                                                                  flash / memory-efficient SDPA)
 
 Beside the kernel, a choice carries the dtype the kernel computes in (JAX's
@@ -47,7 +48,6 @@ import dataclasses
 import keras
 
 from keras_attention import backend
-from keras_attention.kernels import blocked
 from keras_attention.kernels import chunked
 
 EXPLICIT = "explicit"
@@ -55,8 +55,6 @@ DROPOUT = "dropout"
 FUSED = "fused"
 BLOCKED = "blocked"
 CHUNKED = "chunked"
-# Row 7's short queries: one causal block.
-SHORT_QUERIES = blocked.BLOCK_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,10 +153,4 @@ def choose_kernel(
         )
     ):
         return Choice(BLOCKED, 6, **extras)
-    if (
-        preferences.blocked == "causal_or_short"
-        and static
-        and (causal or query_length <= SHORT_QUERIES)
-    ):
-        return Choice(BLOCKED, 7, **extras)
-    return Choice(FUSED, 8, **extras)
+    return Choice(FUSED, 7, **extras)

@@ -38,7 +38,9 @@ def run(choice, q, k, v, mask, scale, is_causal):
         q, k, v = (ops.cast(x, choice.compute_dtype) for x in (q, k, v))
         return ops.cast(run(choice, q, k, v, mask, scale, is_causal), dtype)
     if choice.kernel == choices.BLOCKED:
-        return blocked_attention(q, k, v, mask, scale, is_causal)  # any G
+        return blocked_attention(  # any G
+            q, k, v, mask, scale, is_causal, max_blocks=backend.preferences().causal_blocks
+        )
     if choice.kernel == choices.CHUNKED:
         return chunked_attention(q, k, v, mask, scale, is_causal, choice.chunk_size)
     return _backend_kernel(q, k, v, mask, scale, is_causal)

@@ -169,8 +169,8 @@ def test_recording_sends_decoding_to_the_layers():
 def test_preferences_are_declared_per_backend():
     preferences = backend.preferences()
     assert isinstance(preferences, backend.Preferences)
-    assert preferences.blocked in ("always", "causal_or_short", "never")
-    expected = {"tensorflow": "always", "jax": "causal_or_short", "torch": "never"}
+    assert preferences.blocked in ("always", "never")
+    expected = {"tensorflow": "always", "jax": "always", "torch": "never"}
     assert preferences.blocked == expected[BACKEND]
     assert preferences.linear_projections
     assert not preferences.fuse_projections  # an option; no backend's default

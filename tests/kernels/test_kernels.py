@@ -53,6 +53,7 @@ PREFERENCES = {
     "tensorflow": backend.Preferences(
         blocked="always",
         blocked_min_queries=32,
+        causal_blocks=2,
         chunk_long_queries=True,
         linear_projections=True,
         repeat_single_key_value_head=True,
@@ -60,7 +61,7 @@ PREFERENCES = {
         causal_tiles=True,
     ),
     "jax": backend.Preferences(
-        blocked="causal_or_short", chunk_long_queries=True, guard_with_cond=False,
+        blocked="always", chunk_long_queries=True, guard_with_cond=False,
         linear_projections=True, cache_windows=True, causal_tiles=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
@@ -121,7 +122,7 @@ def test_table_rows_per_backend_preferences():
     )
     # Fewer queries: Keras's kernel, unless they read a cache.
     assert (_choose(preferences=tf, t=31).kernel, _choose(preferences=tf, t=31).row) == (
-        choice.FUSED, 8
+        choice.FUSED, 7
     )
     assert _choose(preferences=tf, t=1, cached=True).row == 6
     lower = kernels.choose_kernel(
@@ -130,10 +131,10 @@ def test_table_rows_per_backend_preferences():
     )
     assert lower.row == 6  # the threshold was measured in float32 only
     assert _choose(preferences=tf, t=None).kernel == choice.FUSED  # dynamic length
-    assert _choose(preferences=jax).row == 7  # short queries
-    assert _choose(t=512, s=512, preferences=jax).kernel == choice.FUSED
-    assert _choose(t=512, s=512, preferences=jax, causal=True).row == 7
-    assert _choose(preferences=torch).row == 8
+    for kwargs in (dict(t=1, s=1), dict(t=512, s=512), dict(t=512, s=512, causal=True)):
+        assert _choose(preferences=jax, **kwargs).row == 6, kwargs  # any static length
+    assert _choose(preferences=jax, t=None).kernel == choice.FUSED
+    assert _choose(preferences=torch).row == 7
     # The NaN guard: a `cond`, except JAX outside a cache.
     assert _choose(preferences=tf).guard_with_cond
     assert not _choose(preferences=jax).guard_with_cond
