@@ -126,7 +126,7 @@ KERNEL_CASES = {
         kernel_choice.Choice(kernel_choice.CHUNKED, 5, chunk_size=8, guard_with_cond=False),
         PADDING, False,
     ),
-    "fused_padding": (kernel_choice.Choice(kernel_choice.FUSED, 8), PADDING, False),
+    "fused_padding": (kernel_choice.Choice(kernel_choice.FUSED, 7), PADDING, False),
 }
 
 

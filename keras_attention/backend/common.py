@@ -27,6 +27,9 @@ class Preferences:
             attention into: more skip more of the scores above the diagonal
             (eight skip 7/16), and each adds its slices, masks and, in the
             backward pass, the padding of its key and value gradients.
+        normalize_last: whether the blocked kernel divides by each row's sum
+            of exponentials after the product with the values (a `(T, V)`
+            division) instead of normalizing the `(T, S)` weights first.
         chunk_long_queries: whether long sequences go through the kernel in
             query chunks (a backend whose CPU kernel holds the whole score
             matrix).
@@ -56,6 +59,7 @@ class Preferences:
     blocked: str = "never"
     blocked_min_queries: int = 0
     causal_blocks: int = 8
+    normalize_last: bool = False
     chunk_long_queries: bool = False
     repeat_single_key_value_head: bool = False
     fuse_projections: bool = False

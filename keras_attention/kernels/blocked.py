@@ -30,7 +30,15 @@ def causal_blocks(query_length, key_length, block_size=BLOCK_SIZE, max_blocks=MA
 
 
 def blocked_attention(
-    q, k, v, mask, scale, is_causal, block_size=BLOCK_SIZE, max_blocks=MAX_BLOCKS
+    q,
+    k,
+    v,
+    mask,
+    scale,
+    is_causal,
+    block_size=BLOCK_SIZE,
+    max_blocks=MAX_BLOCKS,
+    normalize_last=False,
 ):
     """`softmax(q k^T * scale) v`, skipping the keys a causal block cannot see.
 
@@ -51,6 +59,9 @@ def blocked_attention(
         scale: the score scale.
         is_causal: bool, bottom-right causal attention.
         block_size, max_blocks: the causal blocks (`causal_blocks`).
+        normalize_last: divide the product of the exponentials and the
+            values by each row's sum (`(T, V)` divisions) instead of
+            normalizing the `(T, S)` weights before it; the same function.
 
     Returns:
         `(B, T, H, V)`.
@@ -108,10 +119,16 @@ def blocked_attention(
         if end == 1:
             # One key, which every row sees: its weight is 1 (and Keras warns
             # about a softmax over one position).
-            probs = ops.ones_like(scores, v.dtype)
+            output = ops.einsum("bgqs,bgsv->bgqv", ops.ones_like(scores, v.dtype), v_block)
+        elif normalize_last:
+            peak = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
+            weights = ops.exp(ops.subtract(scores, peak))  # unnormalized
+            total = ops.sum(weights, axis=-1, keepdims=True)
+            output = ops.einsum("bgqs,bgsv->bgqv", ops.cast(weights, v.dtype), v_block)
+            output = ops.cast(ops.divide(output, total), v.dtype)
         else:
             probs = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
-        output = ops.einsum("bgqs,bgsv->bgqv", probs, v_block)
+            output = ops.einsum("bgqs,bgsv->bgqv", probs, v_block)
         outputs.append(ops.reshape(output, (-1, groups, ratio, length, value_dim)))
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=3)
     output = ops.transpose(output, (0, 3, 1, 2, 4))  # (B, T, G, R, V)

@@ -38,8 +38,11 @@ def run(choice, q, k, v, mask, scale, is_causal):
         q, k, v = (ops.cast(x, choice.compute_dtype) for x in (q, k, v))
         return ops.cast(run(choice, q, k, v, mask, scale, is_causal), dtype)
     if choice.kernel == choices.BLOCKED:
+        preferences = backend.preferences()
         return blocked_attention(  # any G
-            q, k, v, mask, scale, is_causal, max_blocks=backend.preferences().causal_blocks
+            q, k, v, mask, scale, is_causal,
+            max_blocks=preferences.causal_blocks,
+            normalize_last=preferences.normalize_last,
         )
     if choice.kernel == choices.CHUNKED:
         return chunked_attention(q, k, v, mask, scale, is_causal, choice.chunk_size)

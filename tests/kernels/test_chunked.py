@@ -186,7 +186,7 @@ def _plain_and_chunked(mask, causal_flag, chunk=3, guard_with_cond=True):
         return lambda q, k, v: fused.attend(chosen, q, k, v, given, 0.5, causal_flag)
 
     return (
-        attend(choice.Choice(choice.FUSED, 8, guard_with_cond=guard_with_cond)),
+        attend(choice.Choice(choice.FUSED, 7, guard_with_cond=guard_with_cond)),
         attend(
             choice.Choice(
                 choice.CHUNKED, 5, chunk_size=chunk, guard_with_cond=guard_with_cond

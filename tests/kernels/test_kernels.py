@@ -61,7 +61,7 @@ PREFERENCES = {
         causal_tiles=True,
     ),
     "jax": backend.Preferences(
-        blocked="always", chunk_long_queries=True, guard_with_cond=False,
+        blocked="always", normalize_last=True, chunk_long_queries=True, guard_with_cond=False,
         linear_projections=True, cache_windows=True, causal_tiles=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
@@ -178,7 +178,8 @@ def test_causal_blocks_cover_the_queries_once():
     [(19, 19, 4, False), (13, 21, 2, True), (9, 9, 1, True), (1, 9, 2, True)],
     ids=["self", "offset_gqa_mask", "mqa_mask", "one_query"],
 )
-def test_blocked_kernel_matches_numpy(t, s, groups, masked):
+@pytest.mark.parametrize("normalize_last", [False, True], ids=["softmax", "normalize_last"])
+def test_blocked_kernel_matches_numpy(t, s, groups, masked, normalize_last):
     # Causal blocks of at least 3 queries, bottom-right aligned, with a
     # per-head mask or one broadcast over the queries.
     rng = np.random.default_rng(11)
@@ -193,7 +194,9 @@ def test_blocked_kernel_matches_numpy(t, s, groups, masked):
             allowed &= mask
         if causal:
             allowed &= ref.causal_mask(t, s)
-        got = blocked.blocked_attention(q, k, v, mask, 0.7, causal, block_size=3)
+        got = blocked.blocked_attention(
+            q, k, v, mask, 0.7, causal, block_size=3, normalize_last=normalize_last
+        )
         np.testing.assert_allclose(
             harness.to_numpy(got), _numpy_kernel(q, k, v, allowed, 0.7),
             rtol=1e-5, atol=1e-5,
@@ -213,7 +216,7 @@ def test_query_chunks_equal_one_block_with_gradients(chunk, masked):
         mask = np.random.default_rng(4).random((B, 1, t, s)) > 0.3
         mask[..., 0] = True
         allowed = allowed & mask
-    whole = choice.Choice(choice.FUSED, 8)
+    whole = choice.Choice(choice.FUSED, 7)
     parts = choice.Choice(choice.CHUNKED, 5, chunk_size=chunk)
 
     def attend(chosen):
@@ -308,18 +311,21 @@ def test_recording_gives_the_weights_of_every_kernel():
     assert np.all(harness.to_numpy(weights)[np.broadcast_to(~mask[:, None], (B, H, t, s))] == 0)
 
 
-def test_blocked_kernel_gradients_through_several_blocks():
+@pytest.mark.parametrize("normalize_last", [False, True], ids=["softmax", "normalize_last"])
+def test_blocked_kernel_gradients_through_several_blocks(normalize_last):
     # 19 causal queries in blocks of 5, 5, 5 and 4, against the backend's
     # kernel with the causal mask.
     t = 19
     q, k, v = _normal((B, t, H, K), 1), _normal((B, t, 2, K), 2), _normal((B, t, 2, K), 3)
 
     def blocked_fn(q, k, v):
-        return blocked.blocked_attention(q, k, v, None, 0.5, True, block_size=4)
+        return blocked.blocked_attention(
+            q, k, v, None, 0.5, True, block_size=4, normalize_last=normalize_last
+        )
 
     def plain_fn(q, k, v):
         mask = ops.convert_to_tensor(ref.causal_mask(t, t)[None, None])
-        return fused.run(choice.Choice(choice.FUSED, 8), q, k, v, mask, 0.5, False)
+        return fused.run(choice.Choice(choice.FUSED, 7), q, k, v, mask, 0.5, False)
 
     np.testing.assert_allclose(
         harness.to_numpy(blocked_fn(q, k, v)), harness.to_numpy(plain_fn(q, k, v)),
