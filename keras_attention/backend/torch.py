@@ -60,7 +60,91 @@ compiled_loop = common.compiled_loop
 def linear(x, kernel, bias):
     kernel = ops.cast(kernel, x.dtype)
     bias = None if bias is None else ops.cast(bias, x.dtype)
-    return F.linear(x, kernel.T, bias)
+    return _linear(x, kernel.T, bias)
+
+
+# Products of at least this many multiply-adds go to oneDNN; below it its
+# fixed cost per call (about 20 us) loses to torch's GEMM.
+ONEDNN_MIN_WORK = 1 << 22
+
+
+def _linear(x, weight, bias=None):
+    """`F.linear(x, weight, bias)`, through oneDNN where that is faster.
+
+    Torch's float32 GEMM on a CPU is its BLAS (MKL): on the AMD EPYC the
+    benchmarks ran on it reached about 160 GFLOP/s, where oneDNN, which torch
+    also ships, reached about 330 for the same products (benchmarks/README.md).
+    So float32 products on a CPU of at least `ONEDNN_MIN_WORK`
+    multiply-adds run through oneDNN's linear, with a backward pass of its
+    own (`_OneDNNLinear`); anything else, and torch without oneDNN, takes
+    `F.linear`.
+    """
+    rows = x.shape[:-1].numel()
+    if (
+        x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or weight.dtype != torch.float32
+        or (bias is not None and bias.dtype != torch.float32)
+        or rows * weight.shape[0] * weight.shape[1] < ONEDNN_MIN_WORK
+        or torch.compiler.is_compiling()
+        or _onednn_linear() is None
+    ):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])  # (M, K)
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    ):
+        output = _OneDNNLinear.apply(flat, weight, bias)
+    else:
+        output = _onednn_linear()(flat, weight, bias, "none", [], "")
+    return output.reshape(x.shape[:-1] + (weight.shape[0],))  # (..., N)
+
+
+_ONEDNN = []
+
+
+def _onednn_linear():
+    """oneDNN's linear `(x, weight, bias, "none", [], "")`, or None where
+    torch lacks it or it disagrees with `F.linear` (checked once)."""
+    if not _ONEDNN:
+        _ONEDNN.append(None)
+        try:
+            op = torch.ops.mkldnn._linear_pointwise
+            if torch.backends.mkldnn.is_available():
+                x = torch.linspace(-1.0, 1.0, 96).reshape(8, 12)
+                weight = torch.linspace(1.0, -2.0, 60).reshape(5, 12)
+                bias = torch.linspace(0.0, 1.0, 5)
+                got = op(x, weight.T.contiguous().T, bias, "none", [], "")
+                if torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-6):
+                    _ONEDNN[0] = op
+        except (AttributeError, RuntimeError):
+            pass
+    return _ONEDNN[0]
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """`x weight^T + bias` for `x` `(M, K)`, `weight` `(N, K)`: oneDNN forward
+    and input gradient; the weight gradient `dy^T x` through torch's GEMM,
+    which reads both operands transposed in place (oneDNN would need copies)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_linear()(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_output):
+        x, weight = ctx.saved_tensors
+        d_x = d_weight = d_bias = None
+        if ctx.needs_input_grad[0]:
+            d_x = _onednn_linear()(d_output, weight.T, None, "none", [], "")  # (M, K)
+        if ctx.needs_input_grad[1]:
+            d_weight = d_output.T @ x  # (N, K)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            d_bias = d_output.sum(0)
+        return d_x, d_weight, d_bias
 
 
 def unless_nonfinite(output, recompute):
@@ -358,7 +442,7 @@ class _AttentionWeights:
         """Self-attention of a whole `h` `(B, T, D)` -> `(B, T, D)`, with
         dropout on the weights at `dropout_rate` (drawn from `seed`)."""
         batch, length = h.shape[0], h.shape[1]
-        q, k, v = torch.split(F.linear(h, *self.qkv), self.splits, dim=-1)
+        q, k, v = torch.split(_linear(h, *self.qkv), self.splits, dim=-1)
         if dropout_rate > 0:
             # The layers' kernel for attention dropout, with their mask.
             mask = None
@@ -371,7 +455,7 @@ class _AttentionWeights:
                 v.view(batch, length, self.kv_heads, -1),
                 mask, self.scale, dropout_rate, seed,
             )  # (B, T, H, K)
-            return F.linear(attended.reshape(batch, length, -1), *self.output)
+            return _linear(attended.reshape(batch, length, -1), *self.output)
         q = q.view(batch, length, self.heads, -1).transpose(1, 2)  # (B, H, T, K)
         k = k.view(batch, length, self.kv_heads, -1).transpose(1, 2)  # (B, G, T, K)
         v = v.view(batch, length, self.kv_heads, -1).transpose(1, 2)  # (B, G, T, K)
@@ -382,7 +466,7 @@ class _AttentionWeights:
             q, k, v, is_causal=causal, scale=self.scale
         )  # (B, H, T, K)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H K)
-        return F.linear(attended, *self.output)
+        return _linear(attended, *self.output)
 
     def attend(self, q, keys, values, mask=None):
         """`q` `(B, 1, H K)`, keys and values `(B, n, G, K)` -> `(B, 1, D)`."""
@@ -395,7 +479,7 @@ class _AttentionWeights:
             values = values.repeat_interleave(self.groups, dim=1)
         attended = _guarded_sdpa(q, keys, values, mask, self.scale)  # (B, H, 1, K)
         attended = attended.transpose(1, 2).reshape(batch, 1, -1)  # (B, 1, H K)
-        return F.linear(attended, *self.output)
+        return _linear(attended, *self.output)
 
 
 def _guarded_sdpa(q, keys, values, mask, scale):
@@ -462,7 +546,7 @@ class _BlockStep:
             self_cache = self_cache.contiguous()
 
         def self_attend(h):
-            q, k, v = torch.split(F.linear(h, *attention.qkv), attention.splits, dim=-1)
+            q, k, v = torch.split(_linear(h, *attention.qkv), attention.splits, dim=-1)
             batch = h.shape[0]
             shape = (batch, attention.kv_heads, attention.head_size)
             self_cache[:, kv_cache.KEYS, i] = k.reshape(shape)  # (B, G, K)
@@ -476,7 +560,7 @@ class _BlockStep:
             cross = self.cross_attention
 
             def cross_attend(h):
-                q = F.linear(h, *cross.query)  # (B, 1, H K)
+                q = _linear(h, *cross.query)  # (B, 1, H K)
                 keys = cross_cache[:, kv_cache.KEYS]  # (B, S, G, K)
                 values = cross_cache[:, kv_cache.VALUES]
                 mask = None if cross_mask is None else cross_mask.bool()  # (B, S)
@@ -485,8 +569,8 @@ class _BlockStep:
             x = self._sublayer(x, self.norm_cross, cross_attend)
 
         def feedforward(h):
-            h = self.activation(F.linear(h, *self.intermediate))
-            return F.linear(h, *self.feedforward_output)
+            h = self.activation(_linear(h, *self.intermediate))
+            return _linear(h, *self.feedforward_output)
 
         x = self._sublayer(x, self.norm2, feedforward)
         return x, self_cache
@@ -504,9 +588,9 @@ class _BlockStep:
             return _dropped(h, block.self_attention_residual_dropout, training)
 
         def feedforward(h):
-            h = self.activation(F.linear(h, *self.intermediate))
+            h = self.activation(_linear(h, *self.intermediate))
             h = _dropped(h, block.feedforward.dropout_layer, training)
-            h = F.linear(h, *self.feedforward_output)
+            h = _linear(h, *self.feedforward_output)
             return _dropped(h, block.feedforward_residual_dropout, training)
 
         x = self._sublayer(x, self.norm1, self_attend)

@@ -230,3 +230,45 @@ def test_argmax_is_the_first_largest_with_nan_as_largest(function, compiled):
     finite = ~np.isnan(x).any(axis=-1)
     expected = keras.ops.convert_to_numpy(keras.ops.argmax(x[finite], axis=-1))
     np.testing.assert_array_equal(got[finite], expected)
+
+
+@pytest.mark.parametrize("rows", [3, 300], ids=["small", "large"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_linear_equals_numpy_with_gradients(rows, with_bias):
+    """`backend.linear` against numpy, forward and every gradient. On torch
+    the large product (2 x 300 x 64 x 256 multiply-adds) goes to oneDNN
+    where torch has it, the small one to `F.linear`."""
+    x, kernel, bias = _normal((2, rows, 64), 1), _normal((64, 256), 2), _normal((256,), 3)
+    inputs = [x, kernel] + ([bias] if with_bias else [])
+
+    def fn(x, kernel, bias=None):
+        x, kernel = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(kernel)
+        return backend.linear(x, kernel, None if bias is None else keras.ops.convert_to_tensor(bias))
+
+    want = x @ kernel + (bias if with_bias else 0)
+    np.testing.assert_allclose(harness.to_numpy(fn(*inputs)), want, rtol=1e-4, atol=1e-4)
+    cotangent = _normal(want.shape, 4)
+    got = harness.input_gradients(fn, inputs, cotangent)
+    np.testing.assert_allclose(got[0], cotangent @ kernel.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        got[1], np.einsum("btk,btn->kn", x, cotangent), rtol=1e-4, atol=1e-3
+    )
+    if with_bias:
+        np.testing.assert_allclose(got[2], cotangent.sum((0, 1)), rtol=1e-4, atol=1e-4)
+    if BACKEND == "torch":
+        import torch
+
+        from keras_attention.backend import torch as torch_backend
+
+        large = rows * 64 * 256 * 2 >= torch_backend.ONEDNN_MIN_WORK
+        onednn = torch_backend._onednn_linear() is not None
+        assert onednn == torch.backends.mkldnn.is_available()
+        calls = []
+        original = torch_backend._OneDNNLinear.apply
+        torch_backend._OneDNNLinear.apply = lambda *a: calls.append(1) or original(*a)
+        try:
+            tensor = torch.tensor(x, requires_grad=True)
+            backend.linear(tensor, torch.tensor(kernel), None)
+        finally:
+            torch_backend._OneDNNLinear.apply = original
+        assert bool(calls) == (large and onednn)
