@@ -35,6 +35,7 @@ Shape legend: `B` batch, `D` width, `H` query heads, `G` key/value heads,
 `i` the step's position.
 """
 
+import functools
 import weakref
 
 import keras
@@ -100,26 +101,21 @@ def _linear(x, weight, bias=None):
     return output.reshape(x.shape[:-1] + (weight.shape[0],))  # (..., N)
 
 
-_ONEDNN = []
-
-
+@functools.cache
 def _onednn_linear():
     """oneDNN's linear `(x, weight, bias, "none", [], "")`, or None where
     torch lacks it or it disagrees with `F.linear` (checked once)."""
-    if not _ONEDNN:
-        _ONEDNN.append(None)
-        try:
-            op = torch.ops.mkldnn._linear_pointwise
-            if torch.backends.mkldnn.is_available():
-                x = torch.linspace(-1.0, 1.0, 96).reshape(8, 12)
-                weight = torch.linspace(1.0, -2.0, 60).reshape(5, 12)
-                bias = torch.linspace(0.0, 1.0, 5)
-                got = op(x, weight.T.contiguous().T, bias, "none", [], "")
-                if torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-6):
-                    _ONEDNN[0] = op
-        except (AttributeError, RuntimeError):
-            pass
-    return _ONEDNN[0]
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        if not torch.backends.mkldnn.is_available():
+            return None
+        x = torch.linspace(-1.0, 1.0, 96).reshape(8, 12)
+        weight = torch.linspace(1.0, -2.0, 60).reshape(5, 12)
+        bias = torch.linspace(0.0, 1.0, 5)
+        got = op(x, weight.T.contiguous().T, bias, "none", [], "")
+    except (AttributeError, RuntimeError):
+        return None
+    return op if torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-6) else None
 
 
 class _OneDNNLinear(torch.autograd.Function):

@@ -113,22 +113,23 @@ def blocked_attention(
         if allowed is not None:
             scores = ops.where(allowed, scores, float("-inf"))
         # The softmax over 4-D rows: over the 5-D scores XLA's CPU code took
-        # 1.8 times as long for the layer's forward and backward pass
+        # 1.8 times as long for the kernel's forward and backward pass
         # (JAX, 1,024 tokens; benchmarks/README.md).
         scores = ops.reshape(scores, (-1, groups, ratio * length, end))
+        total = None  # the rows' sums, when they divide the output instead
         if end == 1:
             # One key, which every row sees: its weight is 1 (and Keras warns
             # about a softmax over one position).
-            output = ops.einsum("bgqs,bgsv->bgqv", ops.ones_like(scores, v.dtype), v_block)
+            weights = ops.ones_like(scores)
         elif normalize_last:
             peak = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
             weights = ops.exp(ops.subtract(scores, peak))  # unnormalized
             total = ops.sum(weights, axis=-1, keepdims=True)
-            output = ops.einsum("bgqs,bgsv->bgqv", ops.cast(weights, v.dtype), v_block)
-            output = ops.cast(ops.divide(output, total), v.dtype)
         else:
-            probs = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
-            output = ops.einsum("bgqs,bgsv->bgqv", probs, v_block)
+            weights = ops.softmax(scores, axis=-1)
+        output = ops.einsum("bgqs,bgsv->bgqv", ops.cast(weights, v.dtype), v_block)
+        if total is not None:
+            output = ops.cast(ops.divide(output, total), v.dtype)
         outputs.append(ops.reshape(output, (-1, groups, ratio, length, value_dim)))
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=3)
     output = ops.transpose(output, (0, 3, 1, 2, 4))  # (B, T, G, R, V)
