@@ -10,7 +10,8 @@ through its layers with their KV caches, and the empty caches to start from.
 
 - the arguments' checks (`sampling`, `temperature`, `top_k`, `top_p`, stop
   and pad ids, ragged prompts given by a padding mask);
-- prefill: the shortest prompt runs through the step at once;
+- prefill: the shortest prompt runs through the step at once (a one-token
+  prompt, as a translation's start token, through the loop's own step);
 - the decoding loop (`ops.while_loop`): each step samples a token
   (`sampling.next_token`: greedy, random, top-k, top-p, stateless noise
   keyed by `(seed, position)`), keeps prompt tokens where a longer prompt
@@ -89,7 +90,8 @@ def decode(
     """The decoding loop, in `keras.ops`.
 
     Args:
-        prefill: the model's step through its layers, for the prompts.
+        prefill: the model's step through its layers, for prompts of more
+            than one token.
         step: the step for one token at a time (the same, or a fast one).
         caches: the empty caches the step starts from (for the first
             phase's length).
@@ -110,7 +112,10 @@ def decode(
     """
     ids = ops.convert_to_tensor(ids, "int32")
     batch, total = ids.shape[0], ids.shape[1]
-    logits, caches = prefill(ids[:, :start], caches, 0)
+    # A one-token prompt (a translation's start token) is the step's own
+    # case: the fast step runs it, and the layers' path stays out of the
+    # compiled loop.
+    logits, caches = (step if start == 1 else prefill)(ids[:, :start], caches, 0)
     next_logits = logits[:, -1]  # (B, V)
     done = ops.zeros((batch,), "bool")
     pad = ops.full((batch,), pad_token_id, "int32")

@@ -128,6 +128,28 @@ def test_cached_greedy_equals_recomputing_every_step(model):
         assert row.tolist() == _greedy_by_recomputing(model, source, 6)
 
 
+def test_the_start_token_takes_the_fast_step():
+    """Greedy decoding from the one start token runs it through the same
+    one-token step as the loop (outside the layers), not the layers' step:
+    the layers' path is then not in the compiled loop at all. The tokens are
+    still those of recomputing the full pass."""
+    model = _model(seed=3)
+    assert model._fast_step() is not None
+    layer_steps = []
+    through_layers = model._decoding_step
+
+    def counted(*args):
+        layer_steps.append(1)
+        return through_layers(*args)
+
+    model._decoding_step = counted  # read when the generator is made
+    sources = _sources()
+    got = model.generate(sources, max_new_tokens=4, start_token_id=START)
+    assert layer_steps == []
+    for row, source in zip(got, sources):
+        assert row.tolist() == _greedy_by_recomputing(model, source, 4)
+
+
 def test_end_token_stops_a_row_and_pads_after_it(model):
     source = _sources()
     free = model.generate(source, max_new_tokens=6, start_token_id=START)
