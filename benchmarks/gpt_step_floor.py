@@ -12,15 +12,18 @@ backend's step can be read against what its arithmetic costs without Keras:
   one Q/K/V product, `jax.nn.dot_product_attention` with the causal flag,
   the exact GELU, tied logits, cross-entropy, global clipping at 1.0 and
   AdamW with weight decay on matrices. It is the step a JAX user would
-  write by hand, and so the floor for any JAX step of this arithmetic on
-  this machine;
+  write by hand;
+- `plain_jax_einsum`: the same with the attention written out (two einsums,
+  the causal mask, softmax), which XLA's CPU code runs faster than its
+  `dot_product_attention` here: with `plain_jax`, the floor for a JAX step
+  of this arithmetic on this machine;
 - `ours`: `examples/gpt_lm/train.py`'s model, optimizer and loss (the `cpu`
   preset) on the chosen Keras backend, through `train_on_batch`.
 
 Sizes: batch 12, context 64, 4 layers, 4 heads, width 128, 65 tokens (the
 `cpu` preset and nanoGPT's CPU run). The batches are random tokens, the same
 for every run. Medians of `--rounds` rounds of `--steps` steps each, the
-three runs in turn within a round.
+runs in turn within a round.
 
     python benchmarks/gpt_step_floor.py --backend jax     # tensorflow, torch
 """
@@ -60,7 +63,10 @@ def nanogpt_step(xs, ys):
     return step
 
 
-def plain_jax_step(xs, ys):
+def plain_jax_step(xs, ys, attention="xla"):
+    """The step in `jax.numpy`; `attention`: "xla" for
+    `jax.nn.dot_product_attention`, "einsum" for the arithmetic written out
+    (scores, causal mask, softmax, weighted sum)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -94,6 +100,8 @@ def plain_jax_step(xs, ys):
         variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
         return (x - mean) * jax.lax.rsqrt(variance + 1e-5) * scale
 
+    causal = np.tril(np.ones((CONTEXT, CONTEXT), bool))  # (T, T)
+
     def loss_of(params, tokens, targets):
         rows = BATCH * CONTEXT
         x = params["token"][tokens] + params["position"][None]  # (B, T, D)
@@ -103,7 +111,13 @@ def plain_jax_step(xs, ys):
                 t.reshape(BATCH, CONTEXT, HEADS, head_size)
                 for t in jnp.split(qkv, 3, axis=-1)
             )
-            attended = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            if attention == "xla":
+                attended = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            else:
+                scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(head_size)
+                scores = jnp.where(causal, scores, -jnp.inf)
+                weights = jax.nn.softmax(scores, axis=-1)
+                attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
             x = x + (attended.reshape(rows, WIDTH) @ block["output"]).reshape(x.shape)
             hidden = layer_norm(x, block["norm_2"]).reshape(rows, WIDTH) @ block["up"]
             hidden = jax.nn.gelu(hidden, approximate=False)
@@ -179,6 +193,7 @@ def main():
     steps = {
         "nanogpt": nanogpt_step(xs, ys),
         "plain_jax": plain_jax_step(xs, ys),
+        "plain_jax_einsum": plain_jax_step(xs, ys, attention="einsum"),
         f"ours_{args.backend}": ours_step(xs, ys),
     }
     for step in steps.values():  # compilation and warm-up

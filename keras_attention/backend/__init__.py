@@ -45,6 +45,14 @@ def linear(x, kernel, bias):
     return current().linear(x, kernel, bias)
 
 
+def layer_norm(x, gamma, beta, epsilon):
+    """Layer normalization over the last axis, `gamma` and `beta` optional
+    `(D,)`, computed in float32 at least and returned in that dtype; or
+    None where the backend's own Keras computation is the faster one (the
+    caller then runs Keras's)."""
+    return current().layer_norm(x, gamma, beta, epsilon)
+
+
 def unless_nonfinite(output, recompute):
     """`output` if it is all finite, else `recompute()` (same shape, dtype)."""
     return current().unless_nonfinite(output, recompute)

@@ -41,6 +41,7 @@ PREFERENCES = Preferences(
 )
 
 linear = common.linear
+layer_norm = common.layer_norm
 argmax = common.first_argmax
 unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite

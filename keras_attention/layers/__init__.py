@@ -2,6 +2,7 @@
 
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.hard_attention import HardAttention
+from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
@@ -21,6 +22,7 @@ from keras_attention.layers.transformer_encoder_block import TransformerEncoderB
 __all__ = [
     "FeedForward",
     "HardAttention",
+    "LayerNormalization",
     "MultiHeadAttention",
     "PositionEmbedding",
     "RotaryEmbedding",

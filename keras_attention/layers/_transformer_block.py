@@ -22,6 +22,7 @@ from keras_attention import masking
 from keras_attention import scoring
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 
@@ -199,7 +200,7 @@ class BlockArguments:
             # mask" (LayerNormalization already says it supports masking).
             norm.supports_masking = True
             return norm
-        return keras.layers.LayerNormalization(
+        return LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=dtype, name=name
         )
 

@@ -9,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.layers._transformer_block import rows_at
+from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.models import layouts
 from keras_attention.models.bert_encoder import BertEncoder
 
@@ -124,7 +125,7 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=initializer_range),
             dtype=dtype, name="mlm_dense",
         )
-        self.mlm_layer_norm = keras.layers.LayerNormalization(
+        self.mlm_layer_norm = LayerNormalization(
             epsilon=1e-5, dtype=dtype, name="mlm_layer_norm"
         )
 

@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention.layers._dropout import Dropout
+from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.transformer_encoder import TransformerEncoder
 from keras_attention.models import _keras_hub
@@ -134,7 +135,7 @@ class BertEncoder(keras.layers.Layer):
             num_segments, hidden_dim, embeddings_initializer=self._initializer(),
             dtype=dtype, name="segment_embedding",
         )
-        self.embeddings_layer_norm = keras.layers.LayerNormalization(
+        self.embeddings_layer_norm = LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
         )
         self.embeddings_dropout = Dropout(

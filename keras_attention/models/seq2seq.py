@@ -17,6 +17,7 @@ from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
 from keras_attention.layers._dropout import Dropout
+from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_decoder import TransformerDecoder
@@ -197,10 +198,10 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             self.decoder_position_embedding = self.encoder_position_embedding
         self.encoder_embedding_norm = self.decoder_embedding_norm = None
         if self.embedding_layer_norm:
-            self.encoder_embedding_norm = keras.layers.LayerNormalization(
+            self.encoder_embedding_norm = LayerNormalization(
                 epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_embedding_norm"
             )
-            self.decoder_embedding_norm = keras.layers.LayerNormalization(
+            self.decoder_embedding_norm = LayerNormalization(
                 epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_embedding_norm"
             )
         self.embedding_dropout = Dropout(

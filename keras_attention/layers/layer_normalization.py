@@ -1,0 +1,33 @@
+"""Layer normalization: Keras's layer, computed in the form XLA runs fastest."""
+
+import keras
+from keras import ops
+
+from keras_attention import backend
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class LayerNormalization(keras.layers.LayerNormalization):
+    """`keras.layers.LayerNormalization`, the same arguments, weights and
+    outputs (to float rounding), computed as `(x - mean) / sqrt(variance +
+    epsilon) * gamma + beta` over the last axis where the backend runs that
+    form faster (`backend.layer_norm`: TensorFlow and JAX; on torch Keras's
+    layer already calls `F.layer_norm`).
+
+    Keras folds `gamma` into the inverse deviation and the mean into a
+    shift, two tensors of the input's shape that XLA's CPU code writes out
+    in the forward and the backward pass; this form keeps them per row.
+    The package's blocks and models use this layer; weights move between it
+    and Keras's layer as they are (`set_weights`, checkpoints).
+
+    Other axes and the deprecated `rms_scaling` run Keras's computation.
+    """
+
+    def call(self, inputs):
+        last = [len(inputs.shape) - 1]
+        axis = [a % len(inputs.shape) for a in self.axis]
+        if not self.rms_scaling and axis == last:
+            output = backend.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+            if output is not None:
+                return ops.cast(output, self.compute_dtype)
+        return super().call(inputs)
