@@ -53,6 +53,12 @@ def layer_norm(x, gamma, beta, epsilon):
     return current().layer_norm(x, gamma, beta, epsilon)
 
 
+def gelu(x):
+    """The exact GELU, `x Phi(x)`, in `x`'s dtype; or None where Keras's
+    `ops.gelu` is the faster one (the caller then runs it)."""
+    return current().gelu(x)
+
+
 def unless_nonfinite(output, recompute):
     """`output` if it is all finite, else `recompute()` (same shape, dtype)."""
     return current().unless_nonfinite(output, recompute)

@@ -40,6 +40,7 @@ argmax = common.first_argmax
 compiled_loop = common.compiled_loop
 unless_nonfinite = common.unless_nonfinite
 layer_norm = common.layer_norm
+gelu = common.gelu
 all_finite = common.all_finite
 dropout = common.dropout
 dropout_attention = common.dropout_attention

@@ -148,6 +148,11 @@ def layer_norm(x, gamma, beta, epsilon):
     return None
 
 
+def gelu(x):
+    # Keras's `ops.gelu` on torch is `F.gelu`, one kernel.
+    return None
+
+
 def unless_nonfinite(output, recompute):
     """A Python `if` eagerly; under `torch.compile` (or on meta tensors,
     where values are unknown) always the recomputation."""

@@ -8,6 +8,7 @@ import pytest
 
 import harness
 from keras_attention.layers import FeedForward
+from keras_attention import activations
 from keras_attention.activations import gelu_approximate
 
 BATCH, LENGTH, DIM, HIDDEN = 2, 5, 8, 16
@@ -283,7 +284,9 @@ def test_config_round_trip():
     assert config["bias_regularizer"]["class_name"] == "L1"
     assert config["seed"] == 9
     clone = FeedForward.from_config(config)
-    assert clone.activation is keras.activations.gelu
+    # Keras's exact GELU, as the package computes it (`activations.gelu`).
+    assert clone.activation is activations.gelu
+    assert layer.activation is activations.gelu
     assert FeedForward(HIDDEN, "gelu_approximate").get_config()["activation"] == (
         "gelu_approximate"
     )
