@@ -177,6 +177,7 @@ def main():
         command = [sys.executable, __file__, "--worker", "--lengths", args.lengths,
                    "--train-steps", str(args.train_steps), "--repeats", str(args.repeats)]
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+        ours = {}  # ms a token by total length
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
@@ -190,6 +191,7 @@ def main():
                 )
             else:
                 m = row["ms_per_token"]
+                ours[row["length"]] = m["ours"]
                 xla = ""
                 if row["ratio_xla"] is not None:
                     xla = (
@@ -198,10 +200,14 @@ def main():
                     )
                 print(
                     f"{backend:<11} decode  length {row['length']:>4}  ms/token ours "
-                    f"{m['ours']:>7.2f}  keras_hub {m['keras_hub']:>7.2f}  "
+                    f"{m['ours']:>7.3f}  keras_hub {m['keras_hub']:>7.2f}  "
                     f"ratio {row['ratio']:.2f}{xla}",
                     flush=True,
                 )
+        if len(ours) > 1:
+            longest, shortest = max(ours), min(ours)
+            print(f"{backend:<11} decode  ours per token at {longest} / at {shortest}: "
+                  f"{ours[longest] / ours[shortest]:.2f} (target: at most 1.5)", flush=True)
         if proc.wait() != 0:
             print(f"{backend}: worker failed with exit code {proc.returncode}")
 

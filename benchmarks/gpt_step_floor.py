@@ -26,13 +26,27 @@ for every run. Medians of `--rounds` rounds of `--steps` steps each, the
 runs in turn within a round.
 
     python benchmarks/gpt_step_floor.py --backend jax     # tensorflow, torch
+    python benchmarks/gpt_step_floor.py --backend jax --profile
+
+`--profile` (JAX) times every operation of `--steps` steps instead: nanoGPT's
+under `torch.profiler` (each op's own time), ours and the hand-written step
+under `jax.profiler` (each XLA kernel's time), and prints them grouped into
+products (torch's `mm`; XLA's dots, run as `dot` or YNNPACK fusions), fused
+attention kernels (torch's), and the rest (elementwise work, reductions,
+copies, the optimizer), in ms a step.
 """
 
 import argparse
+import collections
+import glob
+import gzip
+import json
 import os
 import pathlib
+import re
 import statistics
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -179,6 +193,8 @@ def main():
     parser.add_argument("--backend", default="jax", choices=("tensorflow", "jax", "torch"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--profile", action="store_true",
+                        help="time each operation instead (JAX): products, attention, the rest")
     args = parser.parse_args()
     if "keras" in sys.modules:
         sys.exit("run this script in a fresh process")
@@ -199,6 +215,9 @@ def main():
     for step in steps.values():  # compilation and warm-up
         for i in range(3):
             step(i)
+    if args.profile:
+        profile(steps, args.steps)
+        return
     times = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
@@ -212,6 +231,84 @@ def main():
         median = statistics.median(values)
         rounds = " ".join(f"{v:.1f}" for v in values)
         print(f"{name:16s} {median:8.1f} {median / reference:10.2f}   {rounds}")
+
+
+# Per-operation profiles (`--profile`).
+
+TORCH_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")
+
+
+def _torch_ops(step, steps):
+    """`{op: ms a step}` of each torch op's own time over `steps` steps."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as recorded:
+        for i in range(steps):
+            step(i)
+    return {e.key: e.self_cpu_time_total / 1e3 / steps for e in recorded.key_averages()}
+
+
+def _xla_ops(step, steps):
+    """`{kernel kind: ms a step}` of the XLA kernels over `steps` steps, from
+    a perfetto trace (the kernel names with their numbers dropped)."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory, create_perfetto_trace=True):
+            for i in range(steps):
+                step(i)
+        (path,) = glob.glob(f"{directory}/**/perfetto_trace.json.gz", recursive=True)
+        with gzip.open(path) as file:
+            trace = json.load(file)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    kernels = collections.Counter()
+    for event in events:
+        name = event.get("name", "")
+        # XLA's kernels are named after their HLO instruction (`dot.3`,
+        # `ynn_fusion.12`, `add_multiply_fusion`); the rest is the host's.
+        if event.get("ph") != "X" or not re.fullmatch(r"[a-z][a-z0-9_-]*(\.\d+)?", name):
+            continue
+        kernels[re.sub(r"\.\d+$", "", name)] += event.get("dur", 0) / 1e3 / steps
+    return kernels
+
+
+def _split(times, products, attention=()):
+    groups = {"products": 0.0, "attention": 0.0, "rest": 0.0}
+    for name, ms in times.items():
+        if name in products or name.startswith(("dot", "ynn_fusion")):
+            groups["products"] += ms
+        elif any(a in name for a in attention):
+            groups["attention"] += ms
+        else:
+            groups["rest"] += ms
+    return groups
+
+
+def profile(steps, count):
+    """Prints each step's operations grouped, and the largest of the rest."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        sys.exit("--profile reads XLA's kernels: run it with --backend jax")
+    rows = {"nanogpt": _split(_torch_ops(steps["nanogpt"], count), TORCH_PRODUCTS,
+                              attention=("scaled_dot_product",))}
+    rests = {}
+    for name in ("plain_jax_einsum", "ours_jax"):
+        kernels = _xla_ops(steps[name], count)
+        rows[name] = _split(kernels, ())
+        rests[name] = [
+            (kind, ms) for kind, ms in kernels.most_common()
+            if not kind.startswith(("dot", "ynn_fusion"))
+        ][:8]
+    print(f"{'run':16s} {'products':>9s} {'attention':>10s} {'rest':>7s} {'sum':>7s}  (ms a step)")
+    for name, groups in rows.items():
+        total = sum(groups.values())
+        print(f"{name:16s} {groups['products']:9.2f} {groups['attention']:10.2f} "
+              f"{groups['rest']:7.2f} {total:7.2f}")
+    for name, largest in rests.items():
+        print(f"largest of the rest, {name}: "
+              + ", ".join(f"{kind} {ms:.2f}" for kind, ms in largest))
 
 
 if __name__ == "__main__":

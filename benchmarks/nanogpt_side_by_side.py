@@ -28,7 +28,8 @@ every interval. Each run is a fresh process, timed from the outside (wall:
 imports and compilation included); runs alternate nanoGPT, backends, nanoGPT,
 ... for `--repeats` rounds. Training ms/step is the time of the training
 steps alone (evaluation, checkpoints, samples left out; for ours, the
-compilation is in it).
+compilation is in it); "after the first interval" leaves out the first
+evaluation interval's steps on both sides (ours: the compilation).
 
     python benchmarks/nanogpt_side_by_side.py                  # 2000 steps, all
     python benchmarks/nanogpt_side_by_side.py --steps 500 --backends jax,torch
@@ -208,6 +209,7 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
         return out
 
     seconds = {"training": 0.0, "evaluation": 0.0, "checkpoints": 0.0}
+    first_interval = None  # the training seconds of the first interval
     best_val_loss, losses, iter_num = 1e9, None, 0
     X, Y = get_batch("train")
     while True:
@@ -239,9 +241,12 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
         loss.item()  # log_interval=1
         seconds["training"] += time.perf_counter() - start
         iter_num += 1
+        if iter_num == eval_interval:
+            first_interval = seconds["training"]
         if iter_num > steps:
             break
-    return {"val_loss": losses["val"], "steps": iter_num, "seconds": seconds}
+    return {"val_loss": losses["val"], "steps": iter_num, "seconds": seconds,
+            "first_interval": first_interval}
 
 
 # The runs.
@@ -258,6 +263,8 @@ def run_nanogpt(args):
     return {
         "wall": wall,
         "ms_per_step": 1e3 * seconds["training"] / result["steps"],
+        "steady_ms": 1e3 * (seconds["training"] - result["first_interval"])
+        / (result["steps"] - args.eval_interval),
         "eval_s": seconds["evaluation"],
         "val_loss": result["val_loss"],
     }
@@ -273,6 +280,8 @@ def run_ours(args, backend):
     return {
         "wall": wall,
         "ms_per_step": float(re.search(r"^training: ([\d.]+) ms/step", text, re.M)[1]),
+        "steady_ms": float(re.search(r"^training: .*\(([\d.]+) after the first interval", text,
+                                     re.M)[1]),
         "eval_s": float(re.search(r"evaluation ([\d.]+) s", text)[1]),
         "val_loss": float(re.search(r"^val_loss: ([\d.]+)$", text, re.M)[1]),
     }
@@ -324,15 +333,17 @@ def main():
 
     print(f"\n{args.steps} steps, evaluation every {args.eval_interval} of "
           f"{args.eval_iters} batches per split; medians of {args.repeats} round(s)")
-    print("| run | wall s | training ms/step | evaluation s | validation loss | "
-          "wall / nanoGPT | ms/step / nanoGPT |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| run | wall s | training ms/step | after the first interval | evaluation s | "
+          "validation loss | wall / nanoGPT | ms/step / nanoGPT | after the first / nanoGPT |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in names:
         print(
             f"| {name} | {median(name, 'wall'):.1f} | {median(name, 'ms_per_step'):.1f} | "
+            f"{median(name, 'steady_ms'):.1f} | "
             f"{median(name, 'eval_s'):.1f} | {median(name, 'val_loss'):.4f} | "
             f"{median(name, 'wall') / median('nanoGPT', 'wall'):.2f} | "
-            f"{median(name, 'ms_per_step') / median('nanoGPT', 'ms_per_step'):.2f} |"
+            f"{median(name, 'ms_per_step') / median('nanoGPT', 'ms_per_step'):.2f} | "
+            f"{median(name, 'steady_ms') / median('nanoGPT', 'steady_ms'):.2f} |"
         )
     ours = [n for n in names if n != "nanoGPT"]
     if "jax" in ours:
