@@ -21,6 +21,9 @@ def gelu(x):
     On JAX computed in the erf form above (`backend.gelu`), which XLA runs
     faster than `jax.nn.gelu`'s erfc form; elsewhere Keras's `ops.gelu`. The
     two agree to about 1e-6. Named `"gelu"` in configs.
+
+    References:
+        Hendrycks and Gimpel, "Gaussian Error Linear Units (GELUs)", 2016.
     """
     output = backend.gelu(x)
     return ops.gelu(x, approximate=False) if output is None else output
