@@ -123,18 +123,35 @@ class BlockArguments:
         rest = {k: v for k, v in kwargs.items() if k not in names}
         return cls(**mine), rest
 
+    def _arguments(self):
+        arguments = {name: getattr(self, name) for name in self.names()}
+        arguments["attention_dropout"] = (
+            self.attention_dropout if self.attention_dropout_given else None
+        )
+        return arguments
+
     def config(self):
         """The arguments serialized (a block's or stack's config entries)."""
-        config = {name: getattr(self, name) for name in self.names()}
+        config = self._arguments()
         config.update(
             activation=activations.serialize(self.activation),
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
-            attention_dropout=self.attention_dropout
-            if self.attention_dropout_given
-            else None,
         )
         return config
+
+    def unserialized(self):
+        """The arguments as a block's constructor takes them, not
+        serialized: the activation as its function, each initializer a
+        fresh copy of its own config. Keras's serialization imports
+        TensorFlow where it is installed (about 2 s), which a stack built on
+        JAX or torch should not pay for its blocks."""
+        arguments = self._arguments()
+        arguments.update(
+            kernel_initializer=_copy_initializer(self.kernel_initializer),
+            bias_initializer=_copy_initializer(self.bias_initializer),
+        )
+        return arguments
 
     def apply_to(self, layer):
         """Sets each argument as a public attribute of `layer`, as Keras
@@ -319,11 +336,10 @@ class TransformerStack(keras.layers.Layer):
     def _build_blocks(self, *shapes):
         """Creates and builds the blocks (block `i` seeded `seed + 10 i`) and
         the final norm; `shapes` are the blocks' build arguments."""
-        arguments = self.block_arguments()
         self.blocks = []
         for i in range(self.num_layers):
             block = self.block_class(
-                **{**arguments, "seed": self.arguments.seed_at(10 * i)},
+                **{**self.arguments.unserialized(), "seed": self.arguments.seed_at(10 * i)},
                 dtype=self.dtype_policy,
                 name=f"block_{i}",
             )
@@ -347,6 +363,14 @@ class TransformerStack(keras.layers.Layer):
             {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
         )
         return config
+
+
+def _copy_initializer(initializer):
+    """A new initializer of the same class and config (a plain function,
+    which holds no state, as it is)."""
+    if isinstance(initializer, keras.initializers.Initializer):
+        return initializer.__class__.from_config(initializer.get_config())
+    return initializer
 
 
 def combined_padding_mask(

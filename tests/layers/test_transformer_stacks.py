@@ -334,6 +334,48 @@ def test_config_round_trip_and_seeds():
     assert [block.seed for block in encoder.blocks] == [4, 14]
 
 
+def test_blocks_get_copies_of_the_stack_initializers():
+    """Each block gets its own initializer of the stack's class and config
+    (a stateful or seeded initializer is never shared), and the weights are
+    those of blocks made from the serialized config, as before."""
+    initializer = keras.initializers.RandomNormal(stddev=0.3, seed=5)
+    stack = _decoder(kernel_initializer=initializer, bias_initializer="ones")
+    stack.build((None, None, D), (None, None, D))
+    given = [block.kernel_initializer for block in stack.blocks]
+    assert all(type(i) is keras.initializers.RandomNormal for i in given)
+    assert len({id(i) for i in given + [initializer]}) == N + 1
+    assert all(i.get_config() == initializer.get_config() for i in given)
+    config = stack.get_config()
+    for i, block in enumerate(stack.blocks):
+        twin = TransformerDecoderBlock.from_config(
+            {**{k: config[k] for k in stack.arguments.names()}, "seed": block.seed}
+        )
+        twin.build((None, None, D), (None, None, D))
+        for mine, theirs in zip(block.weights, twin.weights):
+            np.testing.assert_array_equal(harness.to_numpy(mine), harness.to_numpy(theirs))
+
+
+def test_building_a_stack_does_not_import_tensorflow():
+    """Keras's serialization imports TensorFlow where it is installed (about
+    2 s); building a stack's blocks does not serialize. Run on JAX or torch
+    in a fresh process (on TensorFlow the backend itself imports it)."""
+    backend = "jax" if BACKEND == "tensorflow" else BACKEND
+    code = (
+        "import sys\n"
+        "from keras_attention.layers import TransformerDecoder\n"
+        "stack = TransformerDecoder(2, 32, 4, kernel_initializer='he_normal')\n"
+        "stack.build((None, None, 16))\n"
+        "assert len(stack.blocks) == 2\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ, KERAS_BACKEND=backend),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "False"
+
+
 # Stacks equal their blocks chained by hand.
 
 
