@@ -195,12 +195,12 @@ def main():
                 xla = ""
                 if row["ratio_xla"] is not None:
                     xla = (
-                        f"  keras_hub+XLA {m['keras_hub_xla']:>7.2f}  "
+                        f"  keras_hub+XLA {m['keras_hub_xla']:>7.3f}  "
                         f"ratio {row['ratio_xla']:.2f}"
                     )
                 print(
                     f"{backend:<11} decode  length {row['length']:>4}  ms/token ours "
-                    f"{m['ours']:>7.3f}  keras_hub {m['keras_hub']:>7.2f}  "
+                    f"{m['ours']:>7.3f}  keras_hub {m['keras_hub']:>7.3f}  "
                     f"ratio {row['ratio']:.2f}{xla}",
                     flush=True,
                 )

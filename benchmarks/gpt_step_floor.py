@@ -30,7 +30,8 @@ runs in turn within a round.
 
 `--profile` (JAX) times every operation of `--steps` steps instead: nanoGPT's
 under `torch.profiler` (each op's own time), ours and the hand-written step
-under `jax.profiler` (each XLA kernel's time), and prints them grouped into
+with einsum attention (`plain_jax_einsum`) under `jax.profiler` (each XLA
+kernel's time), and prints them grouped into
 products (torch's `mm`; XLA's dots, run as `dot` or YNNPACK fusions), fused
 attention kernels (torch's), and the rest (elementwise work, reductions,
 copies, the optimizer), in ms a step.
@@ -196,6 +197,8 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="time each operation instead (JAX): products, attention, the rest")
     args = parser.parse_args()
+    if args.profile and args.backend != "jax":
+        sys.exit("--profile reads XLA's kernels: run it with --backend jax")
     if "keras" in sys.modules:
         sys.exit("run this script in a fresh process")
     os.environ["KERAS_BACKEND"] = args.backend
@@ -287,10 +290,6 @@ def _split(times, products, attention=()):
 
 def profile(steps, count):
     """Prints each step's operations grouped, and the largest of the rest."""
-    import keras
-
-    if keras.backend.backend() != "jax":
-        sys.exit("--profile reads XLA's kernels: run it with --backend jax")
     rows = {"nanogpt": _split(_torch_ops(steps["nanogpt"], count), TORCH_PRODUCTS,
                               attention=("scaled_dot_product",))}
     rests = {}

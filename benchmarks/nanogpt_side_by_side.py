@@ -263,8 +263,12 @@ def run_nanogpt(args):
     return {
         "wall": wall,
         "ms_per_step": 1e3 * seconds["training"] / result["steps"],
-        "steady_ms": 1e3 * (seconds["training"] - result["first_interval"])
-        / (result["steps"] - args.eval_interval),
+        "steady_ms": (
+            1e3 * (seconds["training"] - result["first_interval"])
+            / (result["steps"] - args.eval_interval)
+            if result["first_interval"] is not None and result["steps"] > args.eval_interval
+            else math.nan  # one interval: nothing after it
+        ),
         "eval_s": seconds["evaluation"],
         "val_loss": result["val_loss"],
     }
@@ -280,11 +284,16 @@ def run_ours(args, backend):
     return {
         "wall": wall,
         "ms_per_step": float(re.search(r"^training: ([\d.]+) ms/step", text, re.M)[1]),
-        "steady_ms": float(re.search(r"^training: .*\(([\d.]+) after the first interval", text,
-                                     re.M)[1]),
+        "steady_ms": _steady_ms(text),
         "eval_s": float(re.search(r"evaluation ([\d.]+) s", text)[1]),
         "val_loss": float(re.search(r"^val_loss: ([\d.]+)$", text, re.M)[1]),
     }
+
+
+def _steady_ms(text):
+    """The example's ms/step after its first interval, or NaN (one interval)."""
+    found = re.search(r"^training: .*\(([\d.]+) after the first interval", text, re.M)
+    return float(found[1]) if found else math.nan
 
 
 def _timed(command):

@@ -16,11 +16,17 @@ from keras_attention import backend
 @keras.saving.register_keras_serializable(package="keras_attention")
 def gelu(x):
     """The exact GELU, `x Phi(x) = x (1 + erf(x / sqrt(2))) / 2`: Keras's
-    `"gelu"` (`approximate=False`), as BERT and GPT use it in exact form.
+    `"gelu"` (`approximate=False`), as nanoGPT uses it.
 
-    On JAX computed in the erf form above (`backend.gelu`), which XLA runs
-    faster than `jax.nn.gelu`'s erfc form; elsewhere Keras's `ops.gelu`. The
-    two agree to about 1e-6. Named `"gelu"` in configs.
+    On JAX in float32 computed in the erf form above (`backend.gelu`), which
+    XLA runs faster than `jax.nn.gelu`'s erfc form; otherwise Keras's
+    `ops.gelu`. The two agree to about 1e-6. Named `"gelu"` in configs.
+
+    Example:
+
+    >>> import numpy as np
+    >>> np.round(np.asarray(gelu(np.array([-1.0, 0.0, 2.0], "float32"))), 4)
+    array([-0.1587,  0.    ,  1.9545], dtype=float32)
 
     References:
         Hendrycks and Gimpel, "Gaussian Error Linear Units (GELUs)", 2016.
@@ -56,13 +62,14 @@ def get(activation):
     """The activation function for a name, config or callable."""
     if isinstance(activation, str) and activation in _ACTIVATIONS:
         return _ACTIVATIONS[activation]
-    if activation is keras.activations.gelu:  # the same function, computed faster
-        return gelu
     try:
-        return keras.activations.get(activation)
+        resolved = keras.activations.get(activation)
     except (ValueError, TypeError) as error:
         raise ValueError(
             "`activation` must be an activation name (e.g. 'relu', 'gelu', "
             "'gelu_approximate', 'silu'), a serialized activation or a "
             f"callable. Received: activation={activation!r}"
         ) from error
+    # Keras's exact GELU, however it was given (the function, its config):
+    # the same function, computed as `gelu` computes it.
+    return gelu if resolved is keras.activations.gelu else resolved

@@ -67,8 +67,27 @@ def test_gelu_keeps_half_precision(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype, low", [("float16", -4.0), ("bfloat16", -6.0)])
+def test_gelu_negative_tail_in_half_precision(dtype, low):
+    """Below x = -2, `1 + erf` in half precision cancels to 0 (and in
+    float32 below x = -5, which bfloat16 still holds): the tail must be no
+    worse than Keras's own `ops.gelu` at that dtype. `low` keeps float16's
+    values above its subnormals."""
+    x = keras.ops.cast(keras.ops.convert_to_tensor(np.linspace(low, -2.0, 201)), dtype)
+    exact = _gelu(harness.to_numpy(keras.ops.cast(x, "float32")))
+
+    def worst(y):
+        y = harness.to_numpy(keras.ops.cast(y, "float32")).astype("float64")
+        return np.max(np.abs(y - exact) / np.abs(exact))
+
+    ours, keras_own = worst(activations.gelu(x)), worst(keras.ops.gelu(x, approximate=False))
+    rounding = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    assert ours <= max(2 * rounding, keras_own), (ours, keras_own)
+
+
 def test_gelu_is_the_name_in_configs():
     assert activations.get("gelu") is activations.gelu
+    assert activations.get(keras.activations.serialize(keras.activations.gelu)) is activations.gelu
     assert activations.serialize(activations.gelu) == "gelu"
     layer = FeedForward(16, activation="gelu")
     assert layer.get_config()["activation"] == "gelu"
@@ -81,11 +100,14 @@ def test_gelu_is_the_name_in_configs():
 
 
 def test_erf_form_runs_where_declared():
-    """JAX computes `x (1 + erf(x / sqrt 2)) / 2` (its `jax.nn.gelu` takes
-    erfc); TensorFlow and torch hand the call to Keras's `ops.gelu`."""
+    """JAX computes `x (1 + erf(x / sqrt 2)) / 2` in float32 (its
+    `jax.nn.gelu` takes erfc); TensorFlow and torch, and other dtypes, hand
+    the call to Keras's `ops.gelu`."""
     x = keras.ops.convert_to_tensor(X[::100])
     direct = backend.gelu(x)
     assert (direct is None) == (BACKEND != "jax")
+    for dtype in ("float16", "bfloat16"):
+        assert backend.gelu(keras.ops.cast(x, dtype)) is None
     if BACKEND == "jax":
         import jax
 

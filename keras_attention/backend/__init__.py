@@ -55,7 +55,8 @@ def layer_norm(x, gamma, beta, epsilon):
 
 def gelu(x):
     """The exact GELU, `x Phi(x)`, in `x`'s dtype; or None where Keras's
-    `ops.gelu` is the faster one (the caller then runs it)."""
+    `ops.gelu` is the faster one, or for a dtype the backend leaves to it
+    (the caller then runs it)."""
     return current().gelu(x)
 
 

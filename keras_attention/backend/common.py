@@ -107,7 +107,13 @@ def gelu(x):
     # `jax.nn.gelu` takes `x erfc(-x / sqrt 2) / 2`, and XLA expands erfc into
     # two polynomials and a select per element: in the GPT example's
     # training step on a CPU the GELU fusions cost about twice as much that
-    # way (benchmarks/README.md). Both are within 1.1e-6 of the exact value.
+    # way (benchmarks/README.md). In float32 both are within 1.1e-6 of the
+    # exact value. Other dtypes take Keras's `ops.gelu`: in float16 or
+    # bfloat16 `1 + erf` cancels to 0 below about x = -2, and even computed
+    # in float32 it loses the tail below x = -5 that bfloat16 can hold.
+    x = ops.convert_to_tensor(x)
+    if keras.backend.standardize_dtype(x.dtype) != "float32":
+        return None
     return ops.multiply(ops.multiply(x, 0.5), ops.add(1.0, ops.erf(ops.multiply(x, SQRT_HALF))))
 
 

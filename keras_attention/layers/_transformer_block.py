@@ -143,9 +143,10 @@ class BlockArguments:
     def unserialized(self):
         """The arguments as a block's constructor takes them, not
         serialized: the activation as its function, each initializer a
-        fresh copy of its own config. Keras's serialization imports
-        TensorFlow where it is installed (about 2 s), which a stack built on
-        JAX or torch should not pay for its blocks."""
+        fresh copy of its own config (so each block's public attribute is
+        its own, as when it was deserialized). Keras's serialization imports
+        TensorFlow where it is installed (about 1.5 s), which a stack built
+        on JAX or torch should not pay for its blocks."""
         arguments = self._arguments()
         arguments.update(
             kernel_initializer=_copy_initializer(self.kernel_initializer),
@@ -178,12 +179,8 @@ class BlockArguments:
     def initializers(self):
         # Fresh instances, so that no two kernels start equal.
         return {
-            "kernel_initializer": self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            "bias_initializer": self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
+            "kernel_initializer": _copy_initializer(self.kernel_initializer),
+            "bias_initializer": _copy_initializer(self.bias_initializer),
         }
 
     def attention(self, hidden_dim, name, rotary, seed_offset, dtype):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import harness
-from keras_attention.layers import FeedForward
 from keras_attention import activations
+from keras_attention.layers import FeedForward
 from keras_attention.activations import gelu_approximate
 
 BATCH, LENGTH, DIM, HIDDEN = 2, 5, 8, 16
