@@ -14,11 +14,12 @@ and keep both branches' residuals for the backward pass.
 Projections run as one `linear` on rows `(B T, D)` (`linear`): on a
 `(B, T, D) x (D, N)` product XLA's CPU compiler gives the weight gradient a
 transposed copy of the activation and of the output gradient, and those
-copies cost more than the matmuls. Self-attention's Q, K and V run as one
-such product (`fuse_projections`): in a compiled model's `train_on_batch`
-it was 1 to 5% faster than three at every length measured (128, 512 and
-1,024 tokens, the GPT example's step), where before the 2-D rows it was
-slower.
+copies cost more than the matmuls. Self-attention's Q, K and V as one
+product (`fuse_projections`) was 1 to 5% faster in a compiled model's
+`train_on_batch` on one device, but under `keras.distribution.ModelParallel`
+the concatenated sharded kernels added collectives (in the distribution
+test's programs: 82 collective permutes against 45, 64 all-to-alls against
+12), so it stays off.
 """
 
 import jax
@@ -34,7 +35,6 @@ PREFERENCES = Preferences(
     chunk_long_queries=True,
     guard_with_cond=False,
     linear_projections=True,
-    fuse_projections=True,
     cache_windows=True,
     causal_tiles=True,
 )

@@ -62,7 +62,7 @@ PREFERENCES = {
     ),
     "jax": backend.Preferences(
         blocked="always", normalize_last=True, chunk_long_queries=True, guard_with_cond=False,
-        linear_projections=True, fuse_projections=True, cache_windows=True, causal_tiles=True,
+        linear_projections=True, cache_windows=True, causal_tiles=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }
