@@ -39,14 +39,15 @@ def take_rows(caches, rows):
 
 def beam_search(
     step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
-    length_penalty, reorder=take_rows, phases=None,
+    length_penalty, reorder=take_rows, phases=None, batch=None,
 ):
     """The `K` best hypotheses per source and their scores.
 
     Args:
         step: `step(token_ids, caches, index) -> (logits, caches)` for
             `(B K, 1)` tokens at position `index`.
-        caches: the caches of `B K` rows (every leaf has the rows on axis 0).
+        caches: the caches the step starts from: by default `B K` rows on
+            axis 0 of every leaf; any layout the step and `reorder` agree on.
         start_token_id: int, the token at position 0.
         total: int, `1 + max_new_tokens`.
         num_beams: `K`.
@@ -59,14 +60,16 @@ def beam_search(
         phases: the loop's `cache_windows.Phases` (`caches` are then for
             the first phase's length); by default one phase over `caches`
             of length `L`.
+        batch: the number of sources `B`; by default the rows of the
+            caches' first leaf over `K` (caches of `B K` rows).
 
     Returns:
         `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
         `(B, K)`.
     """
-    leaf = keras.tree.flatten(caches)[0]
     beams = num_beams
-    batch = leaf.shape[0] // beams
+    if batch is None:
+        batch = keras.tree.flatten(caches)[0].shape[0] // beams
     positions = ops.arange(total, dtype="int32")  # (L,)
     first = ops.cast(ops.where(positions == 0, start_token_id, pad_token_id), "int32")
     sequences = first * ops.ones((batch, beams, 1), "int32")  # (B, K, L)

@@ -60,8 +60,11 @@ class Phases:
         lengths: increasing ints, the cache length of each phase (the last is
             the total length).
         axes: per leaf of the caches (in `keras.tree.flatten` order), the
-            axis that holds the positions, or None for a leaf that does not
-            grow (a translation model's cross-attention caches).
+            axis that holds the positions and the slots per position on it,
+            `(axis, slots)`, or None for a leaf that does not grow (a
+            translation model's cross-attention caches). A leaf of `slots`
+            per position holds position `p` at `p slots .. p slots + slots -
+            1` (`backend.compiled_steps`' grouped layout in beam search).
     """
 
     def __init__(self, lengths, axes):
@@ -86,7 +89,7 @@ class Phases:
             `(caches, phases)`. One phase where `windowed` is False, where
             `total` fits the first window, or where the caches for two
             lengths differ otherwise than in one axis per leaf that holds
-            exactly the length. The caches for `total` serve for their
+            the length times a whole number of slots. The caches for `total` serve for their
             shapes only: under a compiler they are never computed (an eager
             loop, as on torch, runs one phase: `windowed=False`).
         """
@@ -109,10 +112,11 @@ class Phases:
         """`caches` with every growing leaf padded with zeros to `length`."""
         leaves = keras.tree.flatten(caches)
         grown = []
-        for leaf, axis in zip(leaves, self.axes):
-            if axis is not None:
+        for leaf, grows in zip(leaves, self.axes):
+            if grows is not None:
+                axis, slots = grows
                 padding = [(0, 0)] * len(leaf.shape)
-                padding[axis] = (0, length - leaf.shape[axis])
+                padding[axis] = (0, length * slots - leaf.shape[axis])
                 leaf = ops.pad(leaf, padding)
             grown.append(leaf)
         return keras.tree.pack_sequence_as(caches, grown)
@@ -140,9 +144,10 @@ class Phases:
 
 
 def _growing_axes(small, full, small_length, full_length):
-    """Per leaf, the axis where `small` (caches for `small_length`) and
-    `full` (for `full_length`) differ, or None where they agree; None
-    altogether where a leaf differs otherwise."""
+    """Per leaf, `(axis, slots)` where `small` (caches for `small_length`)
+    and `full` (for `full_length`) differ, the axis `slots` times the
+    length in both, or None where they agree; None altogether where a leaf
+    differs otherwise."""
     small_leaves = keras.tree.flatten(small)
     full_leaves = keras.tree.flatten(full)
     if len(small_leaves) != len(full_leaves):
@@ -155,11 +160,13 @@ def _growing_axes(small, full, small_length, full_length):
         differ = [n for n, (x, y) in enumerate(zip(a_shape, b_shape)) if x != y]
         if not differ:
             axes.append(None)
-        elif len(differ) == 1 and (a_shape[differ[0]], b_shape[differ[0]]) == (
-            small_length,
-            full_length,
+            continue
+        slots = a_shape[differ[0]] // small_length
+        if len(differ) == 1 and (a_shape[differ[0]], b_shape[differ[0]]) == (
+            small_length * slots,
+            full_length * slots,
         ):
-            axes.append(differ[0])
+            axes.append((differ[0], slots))
         else:
             return None
     return axes

@@ -24,6 +24,13 @@ through its layers with their KV caches, and the empty caches to start from.
   `tf.function` with XLA, or on torch an eager loop on a step in plain
   torch operations where the model's layers allow one), made once per
   sampling configuration and kept.
+
+A fast step (outside the layers) may keep its caches in a layout of its own.
+It then brings their makers, `empty_caches(batch, length, *context)` and
+`beam_caches(batch, length, beams, *context)`, and `reorder_caches(caches,
+rows)` for beam search, and runs every position of the loops that use them:
+those whose shortest prompt is one token (a translation's start token) and
+every beam search.
 """
 
 import numpy as np
@@ -265,8 +272,13 @@ class Generator:
         )
 
         def loop(ids, in_prompt, limits, seed, temperature, top_p, *context, step=None):
+            # A step with caches of its own runs every position when the
+            # shortest prompt is one token (`decode`).
+            empty_caches = self.empty_caches
+            if start == 1 and hasattr(step, "empty_caches"):
+                empty_caches = step.empty_caches
             caches, phases = cache_windows.Phases.plan(
-                self.empty_caches, ids.shape[0], start, ids.shape[1], context,
+                empty_caches, ids.shape[0], start, ids.shape[1], context,
                 windowed=backend.preferences().cache_windows,
             )
             return decode(
@@ -320,17 +332,27 @@ class Generator:
         )
 
         def loop(*context, step=None):
-            caches, phases = cache_windows.Phases.plan(
-                self.empty_caches, batch, 0, total, context,
-                windowed=backend.preferences().cache_windows,
-            )
-            # Row b K + k is beam k of source b.
-            caches = keras.tree.map_structure(
-                lambda cache: ops.repeat(cache, num_beams, axis=0), caches
-            )
+            windowed = backend.preferences().cache_windows
+            if hasattr(step, "beam_caches"):  # caches of the step's own
+                caches, phases = cache_windows.Phases.plan(
+                    lambda rows, length, *context: step.beam_caches(
+                        rows, length, num_beams, *context
+                    ),
+                    batch, 0, total, context, windowed=windowed,
+                )
+                reorder = step.reorder_caches
+            else:
+                caches, phases = cache_windows.Phases.plan(
+                    self.empty_caches, batch, 0, total, context, windowed=windowed
+                )
+                # Row b K + k is beam k of source b.
+                caches = keras.tree.map_structure(
+                    lambda cache: ops.repeat(cache, num_beams, axis=0), caches
+                )
+                reorder = self.reorder_caches
             return beam_search_lib.beam_search(
-                step or self.step, caches, start_token_id, total,
-                reorder=self.reorder_caches, phases=phases, **options,
+                step or self.step, caches, start_token_id, total, batch=batch,
+                reorder=reorder, phases=phases, **options,
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))

@@ -327,22 +327,27 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
 
     # Cached decoding.
 
-    def _decoding_caches(self, batch, length, encoder_token_ids, encoder_padding_mask):
-        """`(self caches, cross caches, source mask)`: the encoder run once,
-        each block's cross-attention keys and values computed once."""
+    def _cross_caches(self, encoder_token_ids, encoder_padding_mask):
+        """`(cross caches, source mask)`: the encoder run once, each block's
+        cross-attention keys and values `(B, 2, S, G, K)` computed once."""
         encoded, mask = self.encode(encoder_token_ids, encoder_padding_mask)
-        blocks = self.decoder.blocks
+        # Hidden source positions zeroed: nothing there can reach a query,
+        # whichever step attends.
+        cross_caches = tuple(
+            kv_cache.hide(b.cross_attention.compute_cache(encoded), mask)
+            for b in self.decoder.blocks
+        )
+        return cross_caches, mask
+
+    def _decoding_caches(self, batch, length, encoder_token_ids, encoder_padding_mask):
+        """`(self caches, cross caches, source mask)` of the layers' step."""
+        cross_caches, mask = self._cross_caches(encoder_token_ids, encoder_padding_mask)
         self_caches = tuple(
             kv_cache.empty(
                 batch, length, b.num_key_value_heads or b.num_heads,
                 self.hidden_dim // self.num_heads, self.compute_dtype,
             )
-            for b in blocks
-        )
-        # Hidden source positions zeroed: nothing there can reach a query,
-        # whichever step attends.
-        cross_caches = tuple(
-            kv_cache.hide(b.cross_attention.compute_cache(encoded), mask) for b in blocks
+            for b in self.decoder.blocks
         )
         return self_caches, cross_caches, mask
 
@@ -380,13 +385,18 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         return beam_search.take_rows(self_caches, rows), cross_caches, mask
 
     def _fast_step(self):
-        """On torch, the decoder blocks in plain torch operations (the
-        embedding and the logits through the layers), or None."""
+        """The decoder blocks outside the layers (`backend.block_step`; the
+        embedding and the logits through the layers), or None. Where the
+        blocks' steps take the grouped layout (TensorFlow and JAX), a
+        `_GroupedStep` with caches of its own; otherwise (torch's plain torch
+        steps) a step on the layers' caches."""
         if kernels.is_recording():
             return None
         steps = [backend.block_step(block) for block in self.decoder.blocks]
         if any(step is None for step in steps):
             return None
+        if all(hasattr(step, "grouped") for step in steps):
+            return _GroupedStep(self, steps)
 
         def step(token_ids, caches, index):
             self_caches, cross_caches, mask = caches
@@ -607,3 +617,70 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         config["activation"] = self.decoder.block_arguments()["activation"]
         return config
 
+
+class _GroupedStep:
+    """`Seq2SeqTransformer`'s decoding step in the grouped layout of
+    `backend.compiled_steps` (its module docstring: keys and values in the
+    order XLA's CPU dot reads them, the cross caches once per source, beam
+    search without reordering the caches).
+
+    Caches: `(self caches, cross caches, source mask)`, and in beam search
+    an ancestry int32 `(B, E, L)` after them: which of its source's rows
+    holds each position of each hypothesis. Makes its own caches
+    (`empty_caches`, `beam_caches`) and reorders them (`reorder_caches`),
+    as `generation.Generator` asks of a step with caches of its own.
+    """
+
+    def __init__(self, model, block_steps):
+        self.model = model
+        self.block_steps = block_steps
+
+    def empty_caches(self, batch, length, encoder_token_ids, encoder_padding_mask):
+        return self.beam_caches(batch, length, 1, encoder_token_ids, encoder_padding_mask)
+
+    def beam_caches(self, batch, length, beams, encoder_token_ids, encoder_padding_mask):
+        cross_caches, mask = self.model._cross_caches(encoder_token_ids, encoder_padding_mask)
+        self_caches = tuple(step.empty_grouped(batch, length, beams) for step in self.block_steps)
+        cross_caches = tuple(step.grouped_cross(cache) for step, cache in zip(self.block_steps, cross_caches))
+        caches = (self_caches, cross_caches, mask)
+        if beams == 1:
+            return caches
+        return caches + (ops.zeros((batch, beams, length), "int32"),)
+
+    @staticmethod
+    def reorder_caches(caches, rows):
+        """Only the ancestry follows the hypotheses that survive: row `b E +
+        k` takes the history of row `rows[b E + k]` (of the same source).
+        With one beam there is nothing to follow."""
+        if len(caches) == 3:
+            return caches
+        self_caches, cross_caches, mask, ancestry = caches
+        batch, beams, length = ancestry.shape
+        ancestry = ops.take(ops.reshape(ancestry, (batch * beams, length)), rows, axis=0)
+        return self_caches, cross_caches, mask, ops.reshape(ancestry, (batch, beams, length))
+
+    def __call__(self, token_ids, caches, index):
+        model = self.model
+        self_caches, cross_caches, mask = caches[:3]
+        ancestry = caches[3] if len(caches) > 3 else None
+        beams = 1 if ancestry is None else ancestry.shape[1]
+        length = self_caches[0][0].shape[2] // beams
+        if ancestry is not None:  # each hypothesis writes position `index` in its own row
+            own = ops.arange(beams, dtype="int32")[None, :, None]  # (1, E, 1)
+            own = ops.broadcast_to(own, (ancestry.shape[0], beams, 1))
+            ancestry = ops.slice_update(ancestry, (0, 0, index), own)
+        visible = self.block_steps[0].visible(index, length, ancestry)  # (B|1, E|1, L E)
+        x = model._embed(
+            token_ids, model.token_embedding, model.decoder_position_embedding,
+            model.decoder_embedding_norm, start_index=index,
+        )  # (B E, 1, D)
+        updated = []
+        for step, self_cache, cross_cache in zip(self.block_steps, self_caches, cross_caches):
+            x, self_cache = step.grouped(x, self_cache, index, visible, cross_cache, mask)
+            updated.append(self_cache)
+        if model.decoder.output_layer_norm is not None:
+            x = model.decoder.output_layer_norm(x)
+        caches = (tuple(updated), cross_caches, mask)
+        if ancestry is not None:
+            caches = caches + (ancestry,)
+        return model.token_embedding(x, reverse=True), caches  # (B E, 1, V)

@@ -128,7 +128,7 @@ def _translation_caches(batch, length):
 def test_plan_finds_the_leaves_that_grow():
     caches, phases = cache_windows.Phases.plan(_translation_caches, 3, 10, 150)
     assert phases.lengths == (64, 96, 128, 150)
-    assert phases.axes == (2, 2, None, None, None)
+    assert phases.axes == ((2, 1), (2, 1), None, None, None)
     assert tuple(caches[0][0].shape) == (3, 2, 64, 2, 4)
     # Grown: the self caches padded with zeros, the others as they were.
     written = keras.ops.ones((3, 2, 64, 2, 4))
@@ -140,20 +140,36 @@ def test_plan_finds_the_leaves_that_grow():
     assert tuple(grown[2].shape) == (3, 5)
 
 
+def test_plan_grows_a_leaf_of_several_slots_per_position():
+    # The grouped layout in beam search: position p at slots p E .. p E + E - 1
+    # (E = 3 here); growing appends the slots of the new positions.
+    caches, phases = cache_windows.Phases.plan(
+        lambda batch, length: keras.ops.zeros((batch, 4, 3 * length)), 2, 0, 100
+    )
+    assert phases.lengths == (64, 96, 100)
+    assert phases.axes == ((2, 3),)
+    assert tuple(caches.shape) == (2, 4, 192)
+    written = np.arange(2 * 4 * 192, dtype="float32").reshape(2, 4, 192) + 1
+    grown = harness.to_numpy(phases.grow(keras.ops.convert_to_tensor(written), 96))
+    assert grown.shape == (2, 4, 288)
+    np.testing.assert_array_equal(grown[:, :, :192], written)
+    assert np.all(grown[:, :, 192:] == 0)
+
+
 @pytest.mark.parametrize(
     "empty_caches",
     [
-        # A leaf that grows by another amount than the length.
-        lambda batch, length: keras.ops.zeros((batch, 2 * length)),
+        # A leaf that grows by another amount than a multiple of the length.
+        lambda batch, length: keras.ops.zeros((batch, length + 3)),
         # A leaf that grows along two axes.
         lambda batch, length: keras.ops.zeros((batch, length, length)),
     ],
-    ids=["twice_the_length", "two_axes"],
+    ids=["length_and_three", "two_axes"],
 )
 def test_plan_keeps_one_phase_for_caches_it_cannot_grow(empty_caches):
     caches, phases = cache_windows.Phases.plan(empty_caches, 1, 0, 200)
     assert phases.lengths == (200,)
-    assert caches.shape[1] in (400, 200)
+    assert caches.shape[1] in (203, 200)
 
 
 def test_plan_keeps_one_phase_when_not_windowed_or_short():
