@@ -194,29 +194,32 @@ def grouped_visible(index, length, ancestry=None):
 def _attend_grouped(q, keys, values, visible, scale, groups):
     """`q` `(B E, 1, H, K)`, the `E` hypotheses of each source; `keys` `(B G,
     K, n)` and `values` `(B G, n, K)` shared by a source's hypotheses;
-    `visible` bool `(B|1, E|1, n)` or None -> `(B E, 1, H, K)`. Scores and
-    softmax in float32 at least, as in the layers; a row that sees no slot
-    comes out NaN (the caller zeroes it)."""
+    `visible` bool `(B|1, E|1, n)` or None -> `(B E, 1, H, K)` in the
+    values' dtype. In float32 at least (as `_attend_per_head`, for half
+    precision caches); a row that sees no slot comes out NaN (the caller
+    zeroes it)."""
     heads, head_size = q.shape[2], q.shape[3]
     batch, slots = keys.shape[0] // groups, keys.shape[2]
     beams = q.shape[0] // batch
     per_group = heads // groups
-    q = ops.reshape(q * ops.cast(scale, q.dtype), (batch, beams, groups, per_group, head_size))
+    dtype = values.dtype
+    compute = keras.backend.result_type(dtype, "float32")
+    q, keys, values = (ops.cast(x, compute) for x in (q, keys, values))
+    q = ops.reshape(q * ops.cast(scale, compute), (batch, beams, groups, per_group, head_size))
     if beams > 1:
         q = ops.transpose(q, (0, 2, 1, 3, 4))  # (B, G, E, R, K)
     q = ops.reshape(q, (batch * groups, beams * per_group, head_size))  # (B G, E R, K)
     scores = ops.matmul(q, keys)  # (B G, E R, n)
-    scores = ops.cast(scores, keras.backend.result_type(scores.dtype, "float32"))
     if visible is not None:
         scores = ops.reshape(scores, (batch, groups, beams, per_group, slots))
         scores = ops.where(visible[:, None, :, None, :], scores, float("-inf"))
         scores = ops.reshape(scores, (batch * groups, beams * per_group, slots))
-    probs = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
+    probs = ops.softmax(scores, axis=-1)
     output = ops.matmul(probs, values)  # (B G, E R, K)
     output = ops.reshape(output, (batch, groups, beams, per_group, head_size))
     if beams > 1:
         output = ops.transpose(output, (0, 2, 1, 3, 4))  # (B, E, G, R, K)
-    return ops.reshape(output, (batch * beams, 1, heads, head_size))
+    return ops.cast(ops.reshape(output, (batch * beams, 1, heads, head_size)), dtype)
 
 
 def _linear(x, dense, width):

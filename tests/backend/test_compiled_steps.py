@@ -1,6 +1,8 @@
 """Tests of `compiled_steps._attend`, the single-query attention of the
 decoding steps in `keras.ops` (per-head einsums for a short cache,
-block-diagonal matmuls for a long one), against numpy in float64.
+block-diagonal matmuls for a long one), and of the grouped layout of a
+translation's step (`_attend_grouped`, `grouped_visible`), against numpy in
+float64.
 
 Shape legend: `B` batch, `n` cached positions, `H` query heads, `G`
 key/value heads, `K` head size.
@@ -8,11 +10,14 @@ key/value heads, `K` head size.
 The steps themselves are tested against the layers in `test_fast_paths.py`.
 """
 
+import itertools
+
 import keras
 import numpy as np
 import pytest
 
 import harness
+from keras_attention import kv_cache
 from keras_attention.backend import compiled_steps
 
 B, H, K = 2, 4, 8
@@ -103,3 +108,92 @@ def test_attend_takes_the_matmuls_for_a_long_cache(groups):
         got = _attend(compiled_steps._attend, inputs, "float32", mask)
         np.testing.assert_array_equal(got, _attend(WAYS[way], inputs, "float32", mask))
         np.testing.assert_allclose(got, _reference(*inputs, mask), rtol=1e-5, atol=1e-5)
+
+
+# The grouped layout of a translation's step: the `E` hypotheses of a source
+# share its cache rows; keys `(B G, K, n)`, values `(B G, n, K)`.
+
+
+def _grouped(keys, values):
+    """`(B, n, G, K)` keys and values in the grouped layout."""
+    cache = kv_cache.pack(keras.ops.convert_to_tensor(keys), keras.ops.convert_to_tensor(values))
+    return compiled_steps.grouped_cross_cache(cache)
+
+
+def test_grouped_cross_cache_lays_out_each_head_per_source():
+    rng = np.random.default_rng(2)
+    keys, values = rng.normal(size=(2, 2, 5, 3, 4)).astype("float32")  # (B, n, G, K) each
+    grouped_keys, grouped_values = (harness.to_numpy(x) for x in _grouped(keys, values))
+    assert grouped_keys.shape == (6, 4, 5) and grouped_values.shape == (6, 5, 4)
+    for b, g in itertools.product(range(2), range(3)):
+        np.testing.assert_array_equal(grouped_keys[b * 3 + g], keys[b, :, g].T)
+        np.testing.assert_array_equal(grouped_values[b * 3 + g], values[b, :, g])
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("groups", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("visible", ["none", "per_hypothesis"])
+def test_attend_grouped_equals_numpy(beams, groups, visible):
+    """Each hypothesis attends to its source's keys and values, over the
+    slots it sees: the reference of `_attend` per hypothesis."""
+    rng = np.random.default_rng(beams * 10 + groups)
+    length = 6
+    q = rng.normal(size=(B * beams, 1, H, K)).astype("float32")
+    keys = rng.normal(size=(B, length, groups, K)).astype("float32")
+    values = rng.normal(size=(B, length, groups, K)).astype("float32")
+    seen = None
+    if visible == "per_hypothesis":
+        seen = rng.random((B, beams, length)) < 0.6
+        seen[..., 0] = True  # every hypothesis sees a slot
+    grouped_keys, grouped_values = _grouped(keys, values)
+    got = compiled_steps._attend_grouped(
+        keras.ops.convert_to_tensor(q), grouped_keys, grouped_values,
+        None if seen is None else keras.ops.convert_to_tensor(seen), SCALE, groups,
+    )
+    assert tuple(got.shape) == (B * beams, 1, H, K)
+    got = harness.to_numpy(got)
+    for b, k in itertools.product(range(B), range(beams)):
+        row = b * beams + k
+        mask = None if seen is None else seen[b, k][None]
+        want = _reference(q[row : row + 1], keys[b : b + 1], values[b : b + 1], mask)
+        np.testing.assert_allclose(got[row : row + 1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_visible_follows_the_ancestry():
+    """Slot `s E + j` is visible to hypothesis `k` at position `i` exactly
+    when `s <= i` and row `j` holds position `s` of `k` (brute force)."""
+    rng = np.random.default_rng(4)
+    batch, beams, length, index = 2, 3, 5, 3
+    ancestry = rng.integers(0, beams, (batch, beams, length)).astype("int32")
+    got = harness.to_numpy(
+        compiled_steps.grouped_visible(index, length, keras.ops.convert_to_tensor(ancestry))
+    )
+    assert got.shape == (batch, beams, length * beams)
+    for b, k, s, j in itertools.product(range(batch), range(beams), range(length), range(beams)):
+        assert got[b, k, s * beams + j] == (s <= index and ancestry[b, k, s] == j)
+    alone = harness.to_numpy(compiled_steps.grouped_visible(index, length))
+    np.testing.assert_array_equal(alone, (np.arange(length) <= index)[None, None])
+
+
+@pytest.mark.parametrize(
+    "dtype, tolerance", [("bfloat16", 3e-2), ("float16", 3e-3)], ids=["bfloat16", "float16"]
+)
+def test_attend_grouped_in_half_precision(dtype, tolerance):
+    """Half-precision caches: computed in float32, the output in the dtype."""
+    beams, groups, length = 2, 2, 7
+    rng = np.random.default_rng(6)
+    q, keys, values = (
+        harness.to_numpy(keras.ops.cast(rng.normal(size=shape), dtype)).astype("float32")
+        for shape in ((B * beams, 1, H, K), (B, length, groups, K), (B, length, groups, K))
+    )
+    seen = np.arange(length)[None, None] < np.array([[[3], [7]], [[5], [1]]])  # (B, E, n)
+    grouped = [keras.ops.cast(x, dtype) for x in _grouped(keys, values)]
+    got = compiled_steps._attend_grouped(
+        keras.ops.cast(q, dtype), *grouped, keras.ops.convert_to_tensor(seen), SCALE, groups
+    )
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    got = harness.to_numpy(keras.ops.cast(got, "float32"))
+    for b, k in itertools.product(range(B), range(beams)):
+        row = b * beams + k
+        want = _reference(q[row : row + 1], keys[b : b + 1], values[b : b + 1], seen[b, k][None])
+        np.testing.assert_allclose(got[row : row + 1], want, rtol=tolerance, atol=tolerance)

@@ -176,9 +176,15 @@ def test_preferences_are_declared_per_backend():
     assert not preferences.fuse_projections  # an option; no backend's default
 
 
-def test_translation_step_equals_the_layers():
+@pytest.mark.parametrize("beams", [1, 3])
+def test_translation_step_equals_the_layers(beams):
     """The translation model's decoding step (block steps with cross-attention
-    and a padded source) against its step through the layers."""
+    and a padded source) against its step through the layers, over three
+    positions of `beams` hypotheses per source that beam search reorders
+    between steps: the layers' step on caches of `B E` rows that are
+    gathered (`_reorder_caches`), the fast step on its own caches where it
+    has them (TensorFlow, JAX: the grouped layout, where only an ancestry
+    follows the hypotheses)."""
     from keras_attention.models import Seq2SeqTransformer
 
     model = Seq2SeqTransformer(
@@ -191,17 +197,30 @@ def test_translation_step_equals_the_layers():
         variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
     fast = model._fast_step()
     assert fast is not None
+    assert hasattr(fast, "beam_caches") == (BACKEND != "torch")
     source = np.array([[3, 4, 5, 6], [7, 8, 0, 0]], "int32")
-    caches = model._decoding_caches(2, 5, source, source != 0)
-    tokens = keras.ops.convert_to_tensor(np.array([[1], [1]], "int32"))
-    _, prefilled = model._decoding_step(tokens, caches, 0)
-    token = keras.ops.convert_to_tensor(np.array([[4], [9]], "int32"))
-    copy = lambda c: (tuple(keras.ops.copy(x) for x in c[0]), c[1], c[2])  # noqa: E731
-    want, want_caches = model._decoding_step(token, copy(prefilled), 1)
-    got, got_caches = fast(token, copy(prefilled), 1)
-    np.testing.assert_allclose(harness.to_numpy(got), harness.to_numpy(want), rtol=1e-5, atol=1e-5)
-    for mine, theirs in zip(got_caches[0], want_caches[0]):
-        np.testing.assert_allclose(harness.to_numpy(mine), harness.to_numpy(theirs), rtol=1e-5, atol=1e-5)
+    batch, length = 2, 5
+    rows_source = np.repeat(source, beams, axis=0)  # row b E + k: source b
+    layer_caches = model._decoding_caches(batch * beams, length, rows_source, rows_source != 0)
+    if hasattr(fast, "beam_caches"):
+        fast_caches = fast.beam_caches(batch, length, beams, source, source != 0)
+        reorder = fast.reorder_caches
+    else:
+        fast_caches = model._decoding_caches(batch * beams, length, rows_source, rows_source != 0)
+        reorder = model._reorder_caches
+    for index in range(3):
+        token = keras.ops.convert_to_tensor(rng.integers(0, 11, (batch * beams, 1)).astype("int32"))
+        want, layer_caches = model._decoding_step(token, layer_caches, index)
+        got, fast_caches = fast(token, fast_caches, index)
+        np.testing.assert_allclose(
+            harness.to_numpy(got), harness.to_numpy(want), rtol=1e-5, atol=1e-5,
+            err_msg=f"position {index}",
+        )
+        # Each hypothesis continues one of its source's (repeats allowed).
+        rows = (np.arange(batch)[:, None] * beams + rng.integers(0, beams, (batch, beams))).ravel()
+        rows = keras.ops.convert_to_tensor(rows.astype("int32"))
+        layer_caches = model._reorder_caches(layer_caches, rows)
+        fast_caches = reorder(fast_caches, rows)
 
 
 def _argmax_cases():
