@@ -21,7 +21,9 @@ reordered after each step to follow the hypotheses that survive: every leaf
 by default, or what the model's `reorder` takes (parts that are the same for
 every beam of a source, such as a translation model's cross-attention keys
 and values, need no reordering: a hypothesis only ever moves within its
-source's rows).
+source's rows). A step with caches of its own layout reorders them its own
+way (the translation model's grouped step moves only an ancestry, which
+says where each hypothesis's history lies: `backend.compiled_steps`).
 """
 
 import keras
