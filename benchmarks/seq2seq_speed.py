@@ -33,6 +33,7 @@ ratio = peer time / our time (above 1: ours is faster).
 """
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -62,7 +63,10 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 def _interleaved(runners, repeats, clock="wall"):
     """Medians of `repeats` rounds A B A B ...; `clock="cpu"` times the
     process's CPU seconds (all its threads), which other jobs on a busy
-    machine disturb less than the wall clock."""
+    machine disturb less than the wall clock. Python's garbage is collected
+    before each timed call, outside its time: otherwise the objects one
+    runner leaves (KerasHub's `generate` makes many) are collected inside
+    the next runner's call."""
     clock = CLOCKS[clock]
     for run in runners.values():  # warm-up and compilation
         run()
@@ -70,6 +74,7 @@ def _interleaved(runners, repeats, clock="wall"):
     times = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
+            gc.collect()
             start = clock()
             run()
             times[name].append(clock() - start)
