@@ -63,21 +63,26 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 def _interleaved(runners, repeats, clock="wall"):
     """Medians of `repeats` rounds A B A B ...; `clock="cpu"` times the
     process's CPU seconds (all its threads), which other jobs on a busy
-    machine disturb less than the wall clock. Python's garbage is collected
-    before each timed call, outside its time: otherwise the objects one
+    machine disturb less than the wall clock. Python's garbage collector is
+    off during the rounds, as `timeit` keeps it: otherwise the objects one
     runner leaves (KerasHub's `generate` makes many) are collected inside
-    the next runner's call."""
+    the next runner's call. (Collecting before each call instead walks
+    every live object and leaves the caches cold for the call.)"""
     clock = CLOCKS[clock]
     for run in runners.values():  # warm-up and compilation
         run()
         run()
     times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            gc.collect()
-            start = clock()
-            run()
-            times[name].append(clock() - start)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, run in runners.items():
+                start = clock()
+                run()
+                times[name].append(clock() - start)
+    finally:
+        gc.enable()
     return {name: statistics.median(t) for name, t in times.items()}
 
 
