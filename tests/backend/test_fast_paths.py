@@ -178,8 +178,8 @@ def test_preferences_are_declared_per_backend():
 
 @pytest.mark.parametrize("beams", [1, 3])
 def test_translation_step_equals_the_layers(beams):
-    """The translation model's decoding step (block steps with cross-attention
-    and a padded source) against its step through the layers, over three
+    """The translation model's decoding step (block steps with cross-attention,
+    padded sources) against its step through the layers, over three
     positions of `beams` hypotheses per source that beam search reorders
     between steps: the layers' step on caches of `B E` rows that are
     gathered (`_reorder_caches`), the fast step on its own caches where it
@@ -198,8 +198,9 @@ def test_translation_step_equals_the_layers(beams):
     fast = model._fast_step()
     assert fast is not None
     assert hasattr(fast, "beam_caches") == (BACKEND != "torch")
-    source = np.array([[3, 4, 5, 6], [7, 8, 0, 0]], "int32")
-    batch, length = 2, 5
+    # A source all padding too: its cross-attention gives exactly 0.
+    source = np.array([[3, 4, 5, 6], [7, 8, 0, 0], [0, 0, 0, 0]], "int32")
+    batch, length = 3, 5
     rows_source = np.repeat(source, beams, axis=0)  # row b E + k: source b
     layer_caches = model._decoding_caches(batch * beams, length, rows_source, rows_source != 0)
     if hasattr(fast, "beam_caches"):
