@@ -237,11 +237,12 @@ def worker(args):
             if sampling in bart_xla:
                 runners["keras_hub_xla"] = their_generate(bart_xla[sampling], "keras_hub_xla")
             medians = _interleaved(runners, args.repeats, args.clock)
+            ratios = {n: m / medians["ours"] for n, m in medians.items() if n != "ours"}
             if sampling == "greedy":
                 # In its own rounds: 100 to 300 times as long as a cached
                 # call, it evicts the caches the call after it finds, and in
                 # one round with the others it made our greedy calls (which
-                # came next) up to 1.9 times as slow (benchmarks/README.md).
+                # came next) about 1.7 times as slow (benchmarks/README.md).
                 uncached = _interleaved(
                     {
                         "ours": our_generate,
@@ -249,8 +250,6 @@ def worker(args):
                     },
                     args.repeats, args.clock,
                 )
-            ratios = {n: m / medians["ours"] for n, m in medians.items() if n != "ours"}
-            if sampling == "greedy":
                 medians["uncached"] = uncached["uncached"]
                 ratios["uncached"] = uncached["uncached"] / uncached["ours"]
             same = bool(

@@ -367,14 +367,11 @@ class _BlockStep:
                 mask = None if cross_mask is None else ops.cast(cross_mask, "bool")
                 seen = None if mask is None else mask[:, None, :]  # (B, 1, S)
                 attended = _attend_grouped(q, keys, values, seen, self.cross_scale, groups)
-                if mask is None:
-                    return _linear(
-                        ops.reshape(attended, (rows, 1, -1)), cross.output_dense, self.output_width
-                    )
-                batch = mask.shape[0]
-                attended = ops.reshape(attended, (batch, rows // batch, -1))  # (B, E, H K)
-                has_key = ops.any(mask, axis=-1)[:, None, None]  # (B, 1, 1)
-                attended = ops.where(has_key, attended, ops.zeros_like(attended))  # 0, not NaN
+                if mask is not None:  # a source that is all padding: 0, not NaN
+                    batch = mask.shape[0]
+                    attended = ops.reshape(attended, (batch, rows // batch, -1))  # (B, E, H K)
+                    has_key = ops.any(mask, axis=-1)[:, None, None]  # (B, 1, 1)
+                    attended = ops.where(has_key, attended, ops.zeros_like(attended))
                 attended = ops.reshape(attended, (rows, 1, -1))  # (B E, 1, H K)
                 return _linear(attended, cross.output_dense, self.output_width)
 

@@ -89,9 +89,10 @@ class Phases:
             `(caches, phases)`. One phase where `windowed` is False, where
             `total` fits the first window, or where the caches for two
             lengths differ otherwise than in one axis per leaf that holds
-            the length times a whole number of slots. The caches for `total` serve for their
-            shapes only: under a compiler they are never computed (an eager
-            loop, as on torch, runs one phase: `windowed=False`).
+            the length times a whole number of slots. The caches for
+            `total` serve for their shapes only: under a compiler they are
+            never computed (an eager loop, as on torch, runs one phase:
+            `windowed=False`).
         """
         windows = lengths(start, total) if windowed else (total,)
         if len(windows) == 1:
