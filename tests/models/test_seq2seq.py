@@ -128,6 +128,30 @@ def test_cached_greedy_equals_recomputing_every_step(model):
         assert row.tolist() == _greedy_by_recomputing(model, source, 6)
 
 
+@pytest.mark.parametrize("changed", ["value_kernel", "embeddings"])
+def test_generation_follows_a_change_of_one_weight(changed):
+    """A weight assigned between two calls is read by the second, through
+    the compiled loop made at the first: also a weight the fast step
+    derives arrays from (the fused Q/K/V kernel, the logits' transposed
+    table). The scores tell even where the tokens stay the same."""
+    model = _model(seed=3)
+    sources = _sources()
+    _, before = model.generate(sources, 5, start_token_id=START, return_scores=True)
+    if changed == "value_kernel":
+        variable = model.decoder.blocks[-1].self_attention.value_dense.kernel
+    else:
+        variable = model.token_embedding.embeddings
+    rng = np.random.default_rng(7)
+    variable.assign(rng.normal(scale=0.6, size=variable.shape).astype("float32"))
+    sequences, after = model.generate(sources, 5, start_token_id=START, return_scores=True)
+    assert np.all(np.abs(after - before) > 1e-3)
+    for sequence, score, source in zip(sequences, after, sources):
+        assert sequence.tolist() == _greedy_by_recomputing(model, source, 5)
+        np.testing.assert_allclose(
+            score, _sequence_log_prob(model, source, sequence) / 5, rtol=1e-4
+        )
+
+
 def test_the_start_token_takes_the_fast_step():
     """Greedy decoding from the one start token runs it through the same
     one-token step as the loop (outside the layers), not the layers' step:
