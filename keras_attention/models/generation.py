@@ -198,6 +198,18 @@ def decode(
     return ids
 
 
+def layout(prompt, lengths, total, pad_token_id):
+    """The loop's `(ids, in_prompt, limits)` (`decode`) for int32 prompts
+    `(B, P)` whose rows hold `lengths` `(B,)` tokens, continued to `total`
+    positions."""
+    batch, prompt_length = prompt.shape
+    padding = ops.full((batch, total - prompt_length), pad_token_id, "int32")
+    ids = ops.concatenate([prompt, padding], axis=1)  # (B, L)
+    in_prompt = ops.arange(total, dtype="int32")[None, :] < lengths[:, None]  # (B, L)
+    limits = lengths + (total - prompt_length)  # (B,)
+    return ids, in_prompt, limits
+
+
 class Generator:
     """Cached, compiled generation for one model.
 
@@ -267,8 +279,7 @@ class Generator:
         of the new tokens' log-probabilities over `length ** length_penalty`
         (`length`: the new tokens, a stop token included)."""
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
-        batch, prompt_length = prompt.shape
-        total = self._check_total(prompt_length, max_new_tokens)
+        total = self._check_total(prompt.shape[1], max_new_tokens)
         top_k = check_sampling(sampling, temperature, top_k, top_p)
         stop = tuple(int(t) for t in (stop_token_ids or ()))
         for token in stop + (pad_token_id,):
@@ -278,28 +289,34 @@ class Generator:
                     f"[0, {self.vocabulary_size}). Received: {token}"
                 )
         lengths = prompt_lengths(prompt, prompt_padding_mask)
-        if seed is None:
-            seed = int(np.random.randint(0, 2**31 - 1))
         seed = _validation.check_seed("seed", seed)
 
-        ids = np.full((batch, total), pad_token_id, "int32")
-        ids[:, :prompt_length] = prompt
-        in_prompt = np.arange(total)[None] < lengths[:, None]  # (B, L)
-        limits = (lengths + max_new_tokens).astype("int32")  # (B,)
         start = int(lengths.min())
         options = dict(
             sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
             start=start, with_scores=bool(return_scores),
         )
+        # Only what the mode reads is passed: each argument of a compiled
+        # call costs time to convert and check (about 25 us on TensorFlow
+        # for a numpy array), a large part of a short translation's call.
+        noise = ()
+        if sampling != "greedy":
+            if seed is None:
+                seed = int(np.random.randint(0, 2**31 - 1))
+            top_p = 1.0 if top_p is None else top_p
+            noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
 
-        def loop(ids, in_prompt, limits, seed, temperature, top_p, *context, step=None):
+        def loop(prompt, lengths, *arguments, step=None):
+            seed, temperature, top_p = arguments[: len(noise)] or (0, 1.0, 1.0)
+            context = arguments[len(noise):]
+            ids, in_prompt, limits = layout(prompt, lengths, total, pad_token_id)
             # A step with caches of its own runs every position when the
             # shortest prompt is one token (`decode`).
             empty_caches = self.empty_caches
             if start == 1 and hasattr(step, "empty_caches"):
                 empty_caches = step.empty_caches
             caches, phases = cache_windows.Phases.plan(
-                empty_caches, ids.shape[0], start, ids.shape[1], context,
+                empty_caches, prompt.shape[0], start, total, context,
                 windowed=backend.preferences().cache_windows,
             )
             return decode(
@@ -308,15 +325,10 @@ class Generator:
                 vocabulary_size=self.vocabulary_size, **options,
             )
 
-        function = self._function(("sample",) + tuple(sorted(options.items())), loop)
-        outputs = function(
-            ids,
-            in_prompt,
-            limits,
-            np.int32(seed),
-            np.float32(temperature),
-            np.float32(top_p if top_p is not None else 1.0),
-            *context,
+        key = ("sample", total) + tuple(sorted(options.items()))
+        outputs = self._function(key, loop)(
+            prompt.astype("int32", copy=False), lengths.astype("int32", copy=False),
+            *noise, *context,
         )
         if not return_scores:
             return _to_numpy(outputs, "int32")
