@@ -19,6 +19,10 @@ small size (2 encoder + 2 decoder blocks, 4 heads, width 128, feed-forward
   compiles with XLA), greedy and 4-beam, at the batch sizes of `--batches`.
   Our model takes the BART backbone's weights (`Seq2SeqTransformer.from_keras_hub`),
   so both decode the same function (`same` below: whether the tokens agree).
+  Each translation is also timed at half the length, in the same rounds: the
+  difference over the tokens between is the *marginal* time per token (the
+  `marginal` rows), the decoding alone, without what a call pays once (the
+  encoder, the dispatch of the compiled call, Python).
   Greedy is also timed against the keras.io example's loop: a `GreedySampler`
   whose `next` runs the keras_hub-layers model of the training part on the
   whole target at every step (no cache), called as the example calls it, in
@@ -197,47 +201,70 @@ def worker(args):
             )
             bart_xla[sampling].compile(sampler=sampler(), jit_compile=True)
 
+    half = new // 2
     for batch in [int(b) for b in args.batches.split(",")]:
         # Ids from 3: no <s>, <pad> or </s> in the sources.
         source = rng.integers(3, VOCABULARY, (batch, SOURCE_LENGTH)).astype("int32")
         source_mask = np.ones_like(source, bool)
-        decoder_ids = np.full((batch, 1 + new), BART_PAD, "int32")
-        decoder_ids[:, 0] = BART_START
-        decoder_mask = np.zeros_like(decoder_ids, bool)
-        decoder_mask[:, 0] = True
-        bart_inputs = {
-            "encoder_token_ids": source,
-            "encoder_padding_mask": source_mask,
-            "decoder_token_ids": decoder_ids,
-            "decoder_padding_mask": decoder_mask,
-        }
+
+        def bart_inputs(length):
+            decoder_ids = np.full((batch, 1 + length), BART_PAD, "int32")
+            decoder_ids[:, 0] = BART_START
+            decoder_mask = np.zeros_like(decoder_ids, bool)
+            decoder_mask[:, 0] = True
+            return {
+                "encoder_token_ids": source,
+                "encoder_padding_mask": source_mask,
+                "decoder_token_ids": decoder_ids,
+                "decoder_padding_mask": decoder_mask,
+            }
 
         for sampling in samplers:
             outputs = {}
 
-            def our_generate(sampling=sampling):
-                outputs["ours"] = ours.generate(
-                    source, new, start_token_id=BART_START, sampling=sampling,
-                    num_beams=4, encoder_padding_mask=source_mask,
-                )
+            def our_generate(length, name, sampling=sampling):
+                def run():
+                    outputs[name] = ours.generate(
+                        source, length, start_token_id=BART_START, sampling=sampling,
+                        num_beams=4, encoder_padding_mask=source_mask,
+                    )
 
-            def their_generate(model, name):
+                return run
+
+            def their_generate(model, length, name):
+                inputs = bart_inputs(length)
+
                 def run():
                     # numpy out, as ours: the work is done when it returns.
-                    outputs[name] = model.generate(bart_inputs, stop_token_ids=None)[
+                    outputs[name] = model.generate(inputs, stop_token_ids=None)[
                         "decoder_token_ids"
                     ]
 
                 return run
 
-            runners = {
-                "ours": our_generate,
-                "keras_hub": their_generate(bart[sampling], "keras_hub"),
-            }
+            peers = {"keras_hub": bart[sampling]}
             if sampling in bart_xla:
-                runners["keras_hub_xla"] = their_generate(bart_xla[sampling], "keras_hub_xla")
-            medians = _interleaved(runners, args.repeats, args.clock)
+                peers["keras_hub_xla"] = bart_xla[sampling]
+            # Each translation also at half the length, in the same rounds:
+            # the difference is the cost of the last `new - half` tokens
+            # alone, without what a call pays once (the encoder, the
+            # dispatch, Python).
+            runners = {"ours": our_generate(new, "ours")}
+            runners.update(
+                (name, their_generate(model, new, name)) for name, model in peers.items()
+            )
+            runners["ours_half"] = our_generate(half, "ours_half")
+            runners.update(
+                (f"{name}_half", their_generate(model, half, f"{name}_half"))
+                for name, model in peers.items()
+            )
+            times = _interleaved(runners, args.repeats, args.clock)
+            medians = {name: times[name] for name in ["ours", *peers]}
             ratios = {n: m / medians["ours"] for n, m in medians.items() if n != "ours"}
+            marginal = {
+                name: (times[name] - times[f"{name}_half"]) / (new - half)
+                for name in ["ours", *peers]
+            }
             if sampling == "greedy":
                 # In its own rounds: 100 to 300 times as long as a cached
                 # call, it evicts the caches the call after it finds, and in
@@ -245,7 +272,7 @@ def worker(args):
                 # came next) about 1.7 times as slow (benchmarks/README.md).
                 uncached = _interleaved(
                     {
-                        "ours": our_generate,
+                        "ours": our_generate(new, "ours"),
                         "uncached": uncached_loop(translator, source, new),
                     },
                     args.repeats, args.clock,
@@ -253,9 +280,8 @@ def worker(args):
                 medians["uncached"] = uncached["uncached"]
                 ratios["uncached"] = uncached["uncached"] / uncached["ours"]
             same = bool(
-                np.array_equal(
-                    np.asarray(outputs["ours"]), outputs["keras_hub"]
-                )
+                np.array_equal(np.asarray(outputs["ours"]), outputs["keras_hub"])
+                and np.array_equal(np.asarray(outputs["ours_half"]), outputs["keras_hub_half"])
             )
             print(
                 json.dumps(
@@ -267,6 +293,10 @@ def worker(args):
                         "same": same,
                         "ms_per_token": {n: 1e3 * m / new for n, m in medians.items()},
                         "ratios": ratios,
+                        "marginal_ms_per_token": {n: 1e3 * m for n, m in marginal.items()},
+                        "marginal_ratios": {
+                            n: m / marginal["ours"] for n, m in marginal.items() if n != "ours"
+                        },
                     }
                 ),
                 flush=True,
@@ -317,8 +347,8 @@ def main():
     if args.worker:
         worker(args)
         return
-    if 1 + args.new_tokens > MAX_LENGTH:
-        parser.error(f"--new-tokens must be below {MAX_LENGTH}")
+    if not 2 <= args.new_tokens < MAX_LENGTH:
+        parser.error(f"--new-tokens must be at least 2 and below {MAX_LENGTH}")
     print(
         "Seq2SeqTransformer (2+2 layers, width 128) against keras_hub: training "
         "against the keras.io example's model, decoding against BartSeq2SeqLM "
@@ -353,6 +383,17 @@ def main():
                 print(
                     f"{backend:<11} decode  {row['sampling']:<6} batch {row['batch']}  "
                     f"ms/token ours {m['ours']:>7.2f}{peers}  same {row['same']}",
+                    flush=True,
+                )
+                m, r = row["marginal_ms_per_token"], row["marginal_ratios"]
+                peers = "".join(
+                    f"  {name} {m[name]:>7.3f}  ratio {r[name]:.2f}"
+                    for name in ("keras_hub", "keras_hub_xla")
+                    if name in m
+                )
+                print(
+                    f"{'':<11} marginal {row['sampling']:<6} batch {row['batch']}  "
+                    f"ms/token ours {m['ours']:>7.3f}{peers}",
                     flush=True,
                 )
         if proc.wait() != 0:
