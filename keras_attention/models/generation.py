@@ -297,8 +297,8 @@ class Generator:
             start=start, with_scores=bool(return_scores),
         )
         # Only what the mode reads is passed: each argument of a compiled
-        # call costs time to convert and check (about 25 us on TensorFlow
-        # for a numpy array), a large part of a short translation's call.
+        # call costs time to convert and check (20 to 35 us on TensorFlow
+        # for a numpy array; benchmarks/README.md).
         noise = ()
         if sampling != "greedy":
             if seed is None:
