@@ -20,9 +20,11 @@ small size (2 encoder + 2 decoder blocks, 4 heads, width 128, feed-forward
   Our model takes the BART backbone's weights (`Seq2SeqTransformer.from_keras_hub`),
   so both decode the same function (`same` below: whether the tokens agree).
   Each translation is also timed at half the length, in the same rounds: the
-  difference over the tokens between is the *marginal* time per token (the
-  `marginal` rows), the decoding alone, without what a call pays once (the
-  encoder, the dispatch of the compiled call, Python).
+  median over rounds of the difference, over the tokens between, is the
+  *marginal* time per token (the `marginal` rows): the decoding without what
+  a call pays once (the encoder, the dispatch of the compiled call, Python).
+  Both models size their caches by the call's length, so the difference
+  also holds the longer call's longer caches.
   Greedy is also timed against the keras.io example's loop: a `GreedySampler`
   whose `next` runs the keras_hub-layers model of the training part on the
   whole target at every step (no cache), called as the example calls it, in
@@ -64,14 +66,15 @@ def _compile(model):
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def _interleaved(runners, repeats, clock="wall"):
+def _interleaved(runners, repeats, clock="wall", rounds=False):
     """Medians of `repeats` rounds A B A B ...; `clock="cpu"` times the
     process's CPU seconds (all its threads), which other jobs on a busy
     machine disturb less than the wall clock. Python's garbage collector is
     off during the rounds, as `timeit` keeps it: otherwise the objects one
     runner leaves (KerasHub's `generate` makes many) are collected inside
     the next runner's call. (Collecting before each call instead walks
-    every live object and leaves the caches cold for the call.)"""
+    every live object and leaves the caches cold for the call.) With
+    `rounds`, also each runner's time in every round."""
     clock = CLOCKS[clock]
     for run in runners.values():  # warm-up and compilation
         run()
@@ -87,7 +90,8 @@ def _interleaved(runners, repeats, clock="wall"):
                 times[name].append(clock() - start)
     finally:
         gc.enable()
-    return {name: statistics.median(t) for name, t in times.items()}
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return (medians, times) if rounds else medians
 
 
 def keras_hub_translator():
@@ -246,9 +250,10 @@ def worker(args):
             if sampling in bart_xla:
                 peers["keras_hub_xla"] = bart_xla[sampling]
             # Each translation also at half the length, in the same rounds:
-            # the difference is the cost of the last `new - half` tokens
-            # alone, without what a call pays once (the encoder, the
-            # dispatch, Python).
+            # the difference is the cost of the last `new - half` tokens,
+            # without what a call pays once (the encoder, the dispatch,
+            # Python). Both models' caches are sized by the call's length,
+            # so the longer call's first steps also read longer caches.
             runners = {"ours": our_generate(new, "ours")}
             runners.update(
                 (name, their_generate(model, new, name)) for name, model in peers.items()
@@ -258,11 +263,15 @@ def worker(args):
                 (f"{name}_half", their_generate(model, half, f"{name}_half"))
                 for name, model in peers.items()
             )
-            times = _interleaved(runners, args.repeats, args.clock)
-            medians = {name: times[name] for name in ["ours", *peers]}
+            all_medians, times = _interleaved(runners, args.repeats, args.clock, rounds=True)
+            medians = {name: all_medians[name] for name in ["ours", *peers]}
             ratios = {n: m / medians["ours"] for n, m in medians.items() if n != "ours"}
+            # The median over rounds of each round's difference: the two
+            # calls of a round see the same state of the host.
             marginal = {
-                name: (times[name] - times[f"{name}_half"]) / (new - half)
+                name: statistics.median(
+                    full - part for full, part in zip(times[name], times[f"{name}_half"])
+                ) / (new - half)
                 for name in ["ours", *peers]
             }
             if sampling == "greedy":
@@ -369,7 +378,7 @@ def main():
             if row["kind"] == "train":
                 t = row["tokens_per_s"]
                 print(
-                    f"{backend:<11} train   tokens/s ours {t['ours']:>9,.0f}  "
+                    f"{backend:<11} {'train':<9}tokens/s ours {t['ours']:>9,.0f}  "
                     f"keras_hub {t['keras_hub']:>9,.0f}  ratio {row['ratio']:.2f}",
                     flush=True,
                 )
@@ -381,7 +390,7 @@ def main():
                     if name in m
                 )
                 print(
-                    f"{backend:<11} decode  {row['sampling']:<6} batch {row['batch']}  "
+                    f"{backend:<11} {'decode':<9}{row['sampling']:<6} batch {row['batch']}  "
                     f"ms/token ours {m['ours']:>7.2f}{peers}  same {row['same']}",
                     flush=True,
                 )
@@ -392,7 +401,7 @@ def main():
                     if name in m
                 )
                 print(
-                    f"{'':<11} marginal {row['sampling']:<6} batch {row['batch']}  "
+                    f"{'':<11} {'marginal':<9}{row['sampling']:<6} batch {row['batch']}  "
                     f"ms/token ours {m['ours']:>7.3f}{peers}",
                     flush=True,
                 )

@@ -23,7 +23,7 @@ through its layers with their KV caches, and the empty caches to start from.
 - the compilation per backend (`backend.compile_decoding`: one `jax.jit`,
   `tf.function` with XLA, or on torch an eager loop on a step in plain
   torch operations where the model's layers allow one), made once per
-  sampling configuration and kept.
+  sampling configuration and total length and kept.
 
 A fast step (outside the layers) may keep its caches in a layout of its own.
 It then brings their makers, `empty_caches(batch, length, *context)` and
@@ -43,6 +43,10 @@ from keras_attention import backend
 from keras_attention.models import beam_search as beam_search_lib
 from keras_attention.models import cache_windows
 from keras_attention.models import sampling as sampling_lib
+
+
+# The largest seed: the compiled loop takes it as an int32.
+SEED_LIMIT = 2**31 - 1
 
 
 def check_sampling(sampling, temperature, top_k, top_p):
@@ -106,7 +110,8 @@ def decode(
         ids: int32 `(B, L)`, prompts then `pad_token_id`.
         in_prompt: bool `(B, L)`, where `ids` holds a prompt token.
         limits: int32 `(B,)`, each row's total length.
-        seed, temperature, top_p: scalars (tensors under a compiler).
+        seed, temperature, top_p: scalars (tensors under a compiler; for
+            greedy decoding, which reads none of them, plain numbers).
         sampling, top_k, stop, pad_token_id, start: static: the sampling
             configuration, stop ids, the pad id, the shortest prompt.
         with_scores: also return, per row, the sum of the log-probabilities
@@ -290,6 +295,10 @@ class Generator:
                 )
         lengths = prompt_lengths(prompt, prompt_padding_mask)
         seed = _validation.check_seed("seed", seed)
+        if seed is not None and seed > SEED_LIMIT:
+            raise ValueError(
+                f"`seed` must be at most {SEED_LIMIT}. Received: seed={seed}"
+            )
 
         start = int(lengths.min())
         options = dict(
@@ -297,16 +306,17 @@ class Generator:
             start=start, with_scores=bool(return_scores),
         )
         # Only what the mode reads is passed: each argument of a compiled
-        # call costs time to convert and check (20 to 35 us on TensorFlow
+        # call costs time to convert and check (20 to 36 us on TensorFlow
         # for a numpy array; benchmarks/README.md).
         noise = ()
         if sampling != "greedy":
             if seed is None:
-                seed = int(np.random.randint(0, 2**31 - 1))
+                seed = int(np.random.randint(0, SEED_LIMIT))
             top_p = 1.0 if top_p is None else top_p
             noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
 
         def loop(prompt, lengths, *arguments, step=None):
+            # Greedy decoding reads none of the three: plain numbers stand in.
             seed, temperature, top_p = arguments[: len(noise)] or (0, 1.0, 1.0)
             context = arguments[len(noise):]
             ids, in_prompt, limits = layout(prompt, lengths, total, pad_token_id)

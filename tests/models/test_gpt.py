@@ -477,6 +477,29 @@ def test_stop_tokens_end_a_row_and_pad_after_it(model, prompt, greedy):
     assert not np.array_equal(out, greedy)
 
 
+def test_prompts_of_two_widths_with_one_total_length_decode_alike(model):
+    """Two calls whose compiled loops share a configuration (the same total
+    length and shortest prompt) but not the prompt's width: each row is
+    still its prompt continued greedily, as alone."""
+    prompts = _ids((2, 4), seed=11)
+    mask = np.array([[True, True, True, False], [True, True, True, True]])
+    out = model.generate(prompts, max_new_tokens=4, prompt_padding_mask=mask)
+    np.testing.assert_array_equal(out[1], _greedy_reference(model, prompts[1:], 4)[0])
+    np.testing.assert_array_equal(out[0, :7], _greedy_reference(model, prompts[:1, :3], 4)[0])
+    assert out[0, 7] == 0  # the pad id after row 0's last token
+    narrow = _ids((2, 3), seed=12)
+    np.testing.assert_array_equal(
+        model.generate(narrow, max_new_tokens=5), _greedy_reference(model, narrow, 5)
+    )
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "random"])
+@pytest.mark.parametrize("seed", [-1, 1.5, 2**31])
+def test_generate_rejects_a_bad_seed_in_every_mode(model, prompt, sampling, seed):
+    with pytest.raises(ValueError, match=r"`seed`"):
+        model.generate(prompt, max_new_tokens=2, sampling=sampling, seed=seed)
+
+
 def test_ragged_prompts_equal_generating_each_alone(model):
     # Row 0 fills the position table exactly: 16 + 8 = MAX_LENGTH.
     lengths, prompt_length, max_new_tokens = [16, 9, 12], 16, 8
