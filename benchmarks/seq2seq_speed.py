@@ -19,12 +19,12 @@ small size (2 encoder + 2 decoder blocks, 4 heads, width 128, feed-forward
   compiles with XLA), greedy and 4-beam, at the batch sizes of `--batches`.
   Our model takes the BART backbone's weights (`Seq2SeqTransformer.from_keras_hub`),
   so both decode the same function (`same` below: whether the tokens agree).
-  Each translation is also timed at half the length, in the same rounds: the
-  median over rounds of the difference, over the tokens between, is the
-  *marginal* time per token (the `marginal` rows): the decoding without what
-  a call pays once (the encoder, the dispatch of the compiled call, Python).
-  Both models size their caches by the call's length, so the difference
-  also holds the longer call's longer caches.
+  Each translation is also timed with one new token, in the same rounds: the
+  median over rounds of the difference, over the `--new-tokens` - 1 tokens
+  between, is the *marginal* time per token (the `marginal` rows): the
+  decoding without what a call pays once (the encoder, the dispatch of the
+  compiled call, Python). Both models size their caches by the call's
+  length, so the difference also holds the longer call's longer cache.
   Greedy is also timed against the keras.io example's loop: a `GreedySampler`
   whose `next` runs the keras_hub-layers model of the training part on the
   whole target at every step (no cache), called as the example calls it, in
@@ -205,7 +205,7 @@ def worker(args):
             )
             bart_xla[sampling].compile(sampler=sampler(), jit_compile=True)
 
-    half = new // 2
+    short = 1  # one new token: what a call pays once, and one step
     for batch in [int(b) for b in args.batches.split(",")]:
         # Ids from 3: no <s>, <pad> or </s> in the sources.
         source = rng.integers(3, VOCABULARY, (batch, SOURCE_LENGTH)).astype("int32")
@@ -249,18 +249,18 @@ def worker(args):
             peers = {"keras_hub": bart[sampling]}
             if sampling in bart_xla:
                 peers["keras_hub_xla"] = bart_xla[sampling]
-            # Each translation also at half the length, in the same rounds:
-            # the difference is the cost of the last `new - half` tokens,
+            # Each translation also with one new token, in the same rounds:
+            # the difference is the cost of the other `new - 1` tokens,
             # without what a call pays once (the encoder, the dispatch,
             # Python). Both models' caches are sized by the call's length,
-            # so the longer call's first steps also read longer caches.
+            # so the longer call's first step also reads a longer cache.
             runners = {"ours": our_generate(new, "ours")}
             runners.update(
                 (name, their_generate(model, new, name)) for name, model in peers.items()
             )
-            runners["ours_half"] = our_generate(half, "ours_half")
+            runners["ours_short"] = our_generate(short, "ours_short")
             runners.update(
-                (f"{name}_half", their_generate(model, half, f"{name}_half"))
+                (f"{name}_short", their_generate(model, short, f"{name}_short"))
                 for name, model in peers.items()
             )
             all_medians, times = _interleaved(runners, args.repeats, args.clock, rounds=True)
@@ -270,8 +270,8 @@ def worker(args):
             # calls of a round see the same state of the host.
             marginal = {
                 name: statistics.median(
-                    full - part for full, part in zip(times[name], times[f"{name}_half"])
-                ) / (new - half)
+                    full - part for full, part in zip(times[name], times[f"{name}_short"])
+                ) / (new - short)
                 for name in ["ours", *peers]
             }
             if sampling == "greedy":
@@ -290,7 +290,7 @@ def worker(args):
                 ratios["uncached"] = uncached["uncached"] / uncached["ours"]
             same = bool(
                 np.array_equal(np.asarray(outputs["ours"]), outputs["keras_hub"])
-                and np.array_equal(np.asarray(outputs["ours_half"]), outputs["keras_hub_half"])
+                and np.array_equal(np.asarray(outputs["ours_short"]), outputs["keras_hub_short"])
             )
             print(
                 json.dumps(
