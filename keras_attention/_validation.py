@@ -39,14 +39,17 @@ def check_rate(name, value):
     return float(value)
 
 
-def check_seed(name, value):
-    """Returns `value` if it is `None` or a non-negative int, else raises."""
+def check_seed(name, value, maximum=None):
+    """Returns `value` if it is `None` or a non-negative int (at most
+    `maximum`, if given), else raises."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(
             f"`{name}` must be None or an integer >= 0. Received: {name}={value!r}"
         )
+    if maximum is not None and value > maximum:
+        raise ValueError(f"`{name}` must be at most {maximum}. Received: {name}={value!r}")
     return int(value)
 
 

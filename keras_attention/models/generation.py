@@ -294,11 +294,7 @@ class Generator:
                     f"[0, {self.vocabulary_size}). Received: {token}"
                 )
         lengths = prompt_lengths(prompt, prompt_padding_mask)
-        seed = _validation.check_seed("seed", seed)
-        if seed is not None and seed > SEED_LIMIT:
-            raise ValueError(
-                f"`seed` must be at most {SEED_LIMIT}. Received: seed={seed}"
-            )
+        seed = _validation.check_seed("seed", seed, maximum=SEED_LIMIT)
 
         start = int(lengths.min())
         options = dict(
