@@ -54,6 +54,13 @@ class Preferences:
         causal_tiles: whether chunked causal attention runs in square tiles
             below the diagonal, one loop each way (`kernels.chunked._Tiles`),
             instead of query chunks in bands.
+        absorb_cross_attention: when a translation's compiled decoding
+            step folds each source's cross-attention keys and values into
+            the query and output kernels once per call
+            (`compiled_steps.absorbed_cross_cache`: two products a step
+            instead of four), where that is no more arithmetic: `"always"`,
+            `"beam_search"` (where a source's hypotheses share the folded
+            kernels) or `"never"`.
     """
 
     blocked: str = "never"
@@ -68,6 +75,7 @@ class Preferences:
     dropout_kernel: bool = False
     cache_windows: bool = False
     causal_tiles: bool = False
+    absorb_cross_attention: str = "never"
 
 
 PREFERENCES = Preferences()

@@ -37,6 +37,7 @@ PREFERENCES = Preferences(
     linear_projections=True,
     cache_windows=True,
     causal_tiles=True,
+    absorb_cross_attention="beam_search",
 )
 
 fori_loop = common.fori_loop

@@ -38,6 +38,7 @@ PREFERENCES = Preferences(
     repeat_single_key_value_head=True,
     cache_windows=True,
     causal_tiles=True,
+    absorb_cross_attention="always",
 )
 
 linear = common.linear

@@ -653,8 +653,11 @@ class _GroupedStep:
     def beam_caches(self, batch, length, beams, encoder_token_ids, encoder_padding_mask):
         cross_caches, mask = self.model._cross_caches(encoder_token_ids, encoder_padding_mask)
         self_caches = tuple(step.empty_grouped(batch, length, beams) for step in self.block_steps)
+        preference = backend.preferences().absorb_cross_attention
+        absorb = preference == "always" or (preference == "beam_search" and beams > 1)
         cross_caches = tuple(
-            step.grouped_cross(cache) for step, cache in zip(self.block_steps, cross_caches)
+            step.grouped_cross(cache, absorb=absorb)
+            for step, cache in zip(self.block_steps, cross_caches)
         )
         caches = (self_caches, cross_caches, mask)
         if beams == 1:

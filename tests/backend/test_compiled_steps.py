@@ -19,6 +19,7 @@ import pytest
 import harness
 from keras_attention import kv_cache
 from keras_attention.backend import compiled_steps
+from keras_attention.layers import MultiHeadAttention
 
 B, H, K = 2, 4, 8
 SCALE = 0.35
@@ -197,3 +198,86 @@ def test_attend_grouped_in_half_precision(dtype, tolerance):
         row = b * beams + k
         want = _reference(q[row : row + 1], keys[b : b + 1], values[b : b + 1], seen[b, k][None])
         np.testing.assert_allclose(got[row : row + 1], want, rtol=tolerance, atol=tolerance)
+
+
+# Cross-attention absorbed into its projections (`absorbed_cross_cache`):
+# per source, the query kernel against the keys and the values through the
+# output kernel, so that a step attends with two products.
+
+
+def _cross_attention(groups, use_bias, seed):
+    """A built `MultiHeadAttention` (`H` heads of `K`, width 12) with
+    random weights."""
+    layer = MultiHeadAttention(
+        num_heads=H, key_dim=K, num_key_value_heads=groups, use_bias=use_bias
+    )
+    layer(np.zeros((1, 2, 12), "float32"), np.zeros((1, 3, 12), "float32"))
+    rng = np.random.default_rng(seed)
+    for variable in layer.weights:
+        variable.assign(rng.normal(scale=0.5, size=variable.shape).astype("float32"))
+    return layer
+
+
+def _cross_reference(layer, x, keys, values, mask):
+    """The layer's attention of queries `x` `(B, E, D)` over cached keys and
+    values `(B, S, G, K)` in float64: projections, softmax per head over
+    the source tokens `mask` `(B, S)` marks, output projection; a source
+    without a token attends to nothing (the output bias alone)."""
+    query = layer.query_dense
+    kernel = harness.to_numpy(query.kernel).astype("float64")  # (D, H, K)
+    q = np.einsum("bed,dhk->behk", x, kernel)
+    if query.bias is not None:
+        q = q + harness.to_numpy(query.bias)
+    repeat = H // keys.shape[2]
+    keys, values = np.repeat(keys, repeat, axis=2), np.repeat(values, repeat, axis=2)
+    scores = SCALE * np.einsum("behk,bshk->behs", q, keys)
+    scores = np.where(mask[:, None, None, :], scores, -np.inf)
+    with np.errstate(invalid="ignore"):
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights = weights / weights.sum(-1, keepdims=True)
+    weights = np.where(mask.any(-1)[:, None, None, None], weights, 0.0)
+    heads = np.einsum("behs,bshk->behk", weights, values)
+    output = layer.output_dense
+    out = np.einsum("behk,hkc->bec", heads, harness.to_numpy(output.kernel).astype("float64"))
+    if output.bias is not None:
+        out = out + harness.to_numpy(output.bias)
+    return out
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("groups", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no_bias"])
+def test_absorbed_cross_attention_equals_numpy(beams, groups, use_bias):
+    """Each hypothesis's cross-attention through the absorbed cache equals
+    the layer's projections and attention in float64, over sources with
+    padding and one without any token."""
+    layer = _cross_attention(groups, use_bias, seed=beams + 10 * groups)
+    rng = np.random.default_rng(groups)
+    length = 5
+    x = rng.normal(size=(B, beams, 12)).astype("float32")
+    keys, values = rng.normal(size=(2, B, length, groups, K)).astype("float32")
+    mask = np.array([[True, True, True, False, False], [False] * length])
+    cache = kv_cache.hide(
+        kv_cache.pack(*(keras.ops.convert_to_tensor(a) for a in (keys, values))),
+        keras.ops.convert_to_tensor(mask),
+    )
+    absorbed = compiled_steps.absorbed_cross_cache(cache, layer, SCALE)
+    got = compiled_steps._attend_absorbed(
+        keras.ops.convert_to_tensor(x.reshape(B * beams, 1, 12)), absorbed,
+        keras.ops.convert_to_tensor(mask), layer,
+    )
+    assert tuple(got.shape) == (B * beams, 1, 12)
+    want = _cross_reference(layer, x.astype("float64"), keys, values, mask)
+    np.testing.assert_allclose(
+        harness.to_numpy(got).reshape(B, beams, 12), want, rtol=1e-4, atol=1e-4
+    )
+
+
+def test_cross_attention_is_absorbed_only_where_it_is_no_more_arithmetic():
+    """`H S <= D + S` for `H K = D`: with 4 heads of 8 (`D` = 32), up to 10
+    source tokens."""
+    layer = MultiHeadAttention(num_heads=4, key_dim=8)
+    layer(np.zeros((1, 1, 32), "float32"), np.zeros((1, 2, 32), "float32"))
+    assert compiled_steps.absorbs_cross_attention(layer, 10)
+    assert not compiled_steps.absorbs_cross_attention(layer, 11)
+    assert not compiled_steps.absorbs_cross_attention(layer, None)

@@ -5,6 +5,7 @@ Shape legend: `B` batch, `S` source length, `T` target length, `V` target
 vocabulary size, `E` beams.
 """
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import harness
+from keras_attention import backend
 from keras_attention.models import Seq2SeqTransformer
 
 BACKEND = keras.backend.backend()
@@ -172,6 +174,32 @@ def test_the_start_token_takes_the_fast_step():
     assert layer_steps == []
     for row, source in zip(got, sources):
         assert row.tolist() == _greedy_by_recomputing(model, source, 4)
+
+
+@pytest.mark.parametrize("absorb", ["always", "never"])
+def test_cross_attention_absorbed_or_not_decodes_as_the_layers(absorb, monkeypatch):
+    """Whether the compiled step attends to a source through its caches or
+    through the projections they are folded into
+    (`compiled_steps.absorbed_cross_cache`, TensorFlow's preference and
+    JAX's in beam search), greedy decoding gives the tokens
+    of recomputing the full pass, and beam search the model's own
+    log-probabilities, a source of padding included."""
+    preferences = dataclasses.replace(backend.preferences(), absorb_cross_attention=absorb)
+    monkeypatch.setattr(backend, "preferences", lambda: preferences)
+    model = _model(seed=4)
+    sources = np.concatenate([_sources(), np.full((1, 6), PAD, "int32")])
+    got = model.generate(sources, max_new_tokens=5, start_token_id=START)
+    for row, source in zip(got, sources):
+        assert row.tolist() == _greedy_by_recomputing(model, source, 5)
+    sequences, scores = model.generate(
+        sources, max_new_tokens=4, start_token_id=START, sampling="beam", num_beams=3,
+        num_return_sequences=3, length_penalty=0.0, return_scores=True,
+    )
+    for b, source in enumerate(sources):
+        for sequence, score in zip(sequences[b], scores[b]):
+            np.testing.assert_allclose(
+                score, _sequence_log_prob(model, source, sequence), rtol=1e-4, atol=1e-4
+            )
 
 
 def test_end_token_stops_a_row_and_pads_after_it(model):
