@@ -59,10 +59,12 @@ PREFERENCES = {
         repeat_single_key_value_head=True,
         cache_windows=True,
         causal_tiles=True,
+        absorb_cross_attention="always",
     ),
     "jax": backend.Preferences(
         blocked="always", normalize_last=True, chunk_long_queries=True, guard_with_cond=False,
         linear_projections=True, cache_windows=True, causal_tiles=True,
+        absorb_cross_attention="beam_search",
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }
