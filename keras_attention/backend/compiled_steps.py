@@ -63,8 +63,8 @@ arithmetic, `H S <= D + S` for `H K = D`. At benchmarks/seq2seq_speed.py's
 sizes (20 source tokens, 4 heads, width 128), in one process against the
 grouped caches: a 32-token translation 1.09 times as fast greedy and 1.07
 with 4 beams at batch 1 on TensorFlow, 1.01 and 1.12 at batch 4 (a step at
-batch 1 from 92-97 to 70 us, the folding 0.3 ms a call); on JAX 1.22 and
-1.04 with 4 beams, 0.97 and 0.99 greedy.
+batch 1 from 92-97 to 70 us, the folding 0.2 to 0.3 ms a call); on JAX 1.22
+and 1.04 with 4 beams, 0.97 and 0.99 greedy.
 """
 
 import keras
@@ -279,7 +279,9 @@ def absorbed_cross_cache(cache, cross, scale):
     scale = ops.cast(scale, compute)
     query = cross.query_dense
     width = query.kernel.shape[0]
-    query_kernel = ops.reshape(ops.cast(query.kernel, compute), (width, groups, per_group, head_size))
+    query_kernel = ops.reshape(
+        ops.cast(query.kernel, compute), (width, groups, per_group, head_size)
+    )  # (D, G, R, K)
     query_keys = ops.einsum("dgrk,bsgk->bdgrs", query_kernel * scale, keys)
     query_keys = ops.reshape(query_keys, (batch, width, heads * length))
     if query.bias is None:
