@@ -433,7 +433,8 @@ class _BlockStep:
             visible: bool `(B|1, E|1, L E)`, the slots each hypothesis
                 reads (`grouped_visible`).
             cross_cache: optional `(keys (B G, K, S), values (B G, S, K))`
-                (`grouped_cross_cache`).
+                (`grouped_cross_cache`), or the three arrays of
+                `absorbed_cross_cache` (`grouped_cross`'s result either way).
             cross_mask: optional bool `(B, S)`, True at source tokens.
 
         Returns:
