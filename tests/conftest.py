@@ -25,6 +25,13 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """The `long_run` tests first, in their order: collected last (they are
+    in `tests/`'s own files), they ran last, and with two workers one of
+    them alone could end the run minutes after the other worker was done."""
+    items.sort(key=lambda item: item.get_closest_marker("long_run") is None)
+
+
 def pytest_report_header(config):
     return f"keras {keras.__version__}, backend: {keras.backend.backend()}"
 

@@ -138,6 +138,7 @@ def _assert_kernels_match(report):
         assert report["hard_attention_data"]["sampled"]  # not the argmax
 
 
+@pytest.mark.long_run
 def test_engines_match_one_device():
     """This suite's engine (JAX's for torch) against one device."""
     if BACKEND == "tensorflow":

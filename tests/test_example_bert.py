@@ -310,6 +310,7 @@ def test_evaluate_counts_every_real_mask_and_its_baselines(train, data, vocabula
 # The script.
 
 
+@pytest.mark.long_run
 def test_tiny_run_pretrains_resumes_fine_tunes_fills_and_draws(tmp_path):
     output = tmp_path / "run"
     start = time.perf_counter()

@@ -39,6 +39,7 @@ def _val_loss(lines):
     return float(harness.last_line_value(lines, "val_loss"))
 
 
+@pytest.mark.long_run
 def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     output = tmp_path / "run"
     start = time.perf_counter()
@@ -82,6 +83,7 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     assert len(text) == len("ROMEO:") + 24
 
 
+@pytest.mark.long_run
 def test_eval_batches_estimates_each_split_from_n_random_batches(tmp_path):
     """`--eval-batches 2`: every interval evaluates 2 random batches of 4
     windows of each split, drawn from `(seed, split, step)`; the printed
@@ -121,6 +123,7 @@ def test_eval_batches_estimates_each_split_from_n_random_batches(tmp_path):
     assert "eval_batches: 2 in the checkpoint, 3 now" in refused
 
 
+@pytest.mark.long_run
 def test_tiny_run_on_several_devices_matches_one_device(tmp_path):
     """`--distribute`: JAX data and model parallel over 4 virtual CPU devices,
     TensorFlow's MirroredStrategy (one replica per device here: the CPU);

@@ -24,6 +24,7 @@ def data():
     return harness.load_module(EXAMPLE / "data.py", "hard_attention_data")
 
 
+@pytest.mark.long_run
 def test_tiny_run_trains_every_method_and_prints_accuracy_last():
     # The tiny model's ops are too small to gain from threads, and on a busy
     # machine PyTorch's threads wait for one another (see the README).

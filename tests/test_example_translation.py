@@ -391,6 +391,7 @@ def test_scripts_reject_an_unknown_backend_before_importing_keras(script):
     assert "`--backend` must be one of tensorflow, jax, torch." in result.stderr
 
 
+@pytest.mark.long_run
 def test_tiny_run_trains_resumes_draws_and_translates(tmp_path):
     output = tmp_path / "run"
     start = time.perf_counter()

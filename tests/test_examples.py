@@ -23,6 +23,7 @@ def demo():
     return harness.load_module(DEMO, "demo_train")
 
 
+@pytest.mark.long_run
 def test_demo_tiny_runs_and_prints_val_loss_last():
     lines = harness.run_script(DEMO, "--tiny")
     assert lines[0] == f"backend: {keras.backend.backend()}"
