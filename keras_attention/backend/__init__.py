@@ -163,7 +163,7 @@ def stateless_uniform(like, seed, step):
     return current().stateless_uniform(like, seed, step)
 
 
-def compile_decoding(loop, variables, fast_step=None):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     """A decoding loop made into the backend's fastest callable.
 
     Args:
@@ -174,8 +174,11 @@ def compile_decoding(loop, variables, fast_step=None):
             step outside the layers (`decoder_step`, `block_step`) or None,
             asked once per call (inside the trace where the loop compiles)
             so that it sees the current weights.
+        rows: optional int, the rows a step computes (sources times
+            hypotheses), for a compiler whose best options depend on it
+            (JAX on a CPU).
     """
-    return current().compile_decoding(loop, variables, fast_step)
+    return current().compile_decoding(loop, variables, fast_step, rows=rows)
 
 
 def decoder_step(embedding, blocks, final_norm):

@@ -61,11 +61,6 @@ class Preferences:
             instead of four), where that is no more arithmetic: `"always"`,
             `"beam_search"` (where a source's hypotheses share the folded
             kernels) or `"never"`.
-        block_diagonal_slots_per_group: above this many cache slots per
-            key/value head, a compiled decoding step attends through two
-            plain matmuls against a block-diagonal matrix of its queries
-            (`compiled_steps._attend_block_diagonal`); at most this many,
-            or always when None, through per-head einsums.
     """
 
     blocked: str = "never"
@@ -81,7 +76,6 @@ class Preferences:
     cache_windows: bool = False
     causal_tiles: bool = False
     absorb_cross_attention: str = "never"
-    block_diagonal_slots_per_group: int | None = None
 
 
 PREFERENCES = Preferences()
@@ -220,7 +214,7 @@ def stateless_uniform(like, seed, step):
     )
 
 
-def compile_decoding(loop, variables, fast_step=None):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     def function(*args):
         return loop(*args, step=None if fast_step is None else fast_step())
 

@@ -102,16 +102,15 @@ def decoder_step(embedding, blocks, final_norm):
     return step
 
 
-# Where a backend attends over a long cache through block-diagonal matmuls
-# (`Preferences.block_diagonal_slots_per_group`): the matmuls do `G` times
-# the multiply-adds of the per-head einsums, and the einsums transpose the
-# cache at every step. JAX took the matmuls above 16 slots per key/value
-# head until its decoding loops compiled without YNNPACK fusions
-# (`backend.jax`); since then a GPT generation (4 key/value heads, 16-token
-# prompt) was 1.35 times as fast through the einsums at 128 tokens, batch 4,
-# and 1.11 at 512, the same at batch 1 (benchmarks/README.md). TensorFlow
-# keeps 16: there the einsums were 1.04 to 1.06 times as fast at 128 tokens
-# and the matmuls 1.06 times at 512, batch 4.
+# Above this many cache slots per key/value head a step attends through two
+# plain matmuls (`_attend_block_diagonal`), below through per-head einsums:
+# the matmuls do `G` times the multiply-adds, the einsums transpose the cache.
+# Measured in the compiled decoding loops (benchmarks/README.md): with 4
+# key/value heads the einsums took a GPT step at 64 slots from 0.17 to 0.11-
+# 0.15 ms on JAX (`gpt_speed.py`), and 4-beam translation over 33 slots from
+# 1.77 to 0.53 ms (`seq2seq_speed.py`); the matmuls keep 512 slots at 0.22-
+# 0.25 ms, where a step with the einsums grew twice as fast with the cache.
+BLOCK_DIAGONAL_SLOTS_PER_GROUP = 16
 
 
 def _attend(q, keys, values, mask, scale):
@@ -122,18 +121,9 @@ def _attend(q, keys, values, mask, scale):
     dtype, the einsums in float32 at least; the output in the cache's
     dtype."""
     length, groups = keys.shape[1], keys.shape[2]
-    if _block_diagonal(length, groups):
+    if length is not None and length > BLOCK_DIAGONAL_SLOTS_PER_GROUP * groups:
         return _attend_block_diagonal(q, keys, values, mask, scale)
     return _attend_per_head(q, keys, values, mask, scale)
-
-
-def _block_diagonal(length, groups):
-    """Whether a step over `length` slots of `groups` key/value heads attends
-    through the block-diagonal matmuls."""
-    from keras_attention import backend
-
-    slots = backend.preferences().block_diagonal_slots_per_group
-    return slots is not None and length is not None and length > slots * groups
 
 
 def _attend_per_head(q, keys, values, mask, scale):

@@ -39,7 +39,6 @@ PREFERENCES = Preferences(
     cache_windows=True,
     causal_tiles=True,
     absorb_cross_attention="always",
-    block_diagonal_slots_per_group=16,
 )
 
 linear = common.linear
@@ -107,7 +106,7 @@ def stateless_uniform(like, seed, step):
     )
 
 
-def compile_decoding(loop, variables, fast_step=None):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     # XLA fuses a step's few hundred small ops: without it the graph
     # executor's per-op overhead is most of a step on a CPU.
     def traced(*args):

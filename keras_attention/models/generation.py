@@ -332,7 +332,7 @@ class Generator:
             )
 
         key = ("sample", total) + tuple(sorted(options.items()))
-        outputs = self._function(key, loop)(
+        outputs = self._function(key, loop, rows=prompt.shape[0])(
             prompt.astype("int32", copy=False), lengths.astype("int32", copy=False),
             *noise, *context,
         )
@@ -396,7 +396,7 @@ class Generator:
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop)(*context)
+        sequences, scores = self._function(key, loop, rows=batch * num_beams)(*context)
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):
@@ -410,11 +410,13 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop):
-        """The compiled `loop` for one configuration, made once."""
+    def _function(self, key, loop, rows):
+        """The compiled `loop` for one configuration and number of rows a
+        step computes (sources times hypotheses), made once."""
+        key = key + (rows,)
         if key not in self._functions:
             self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step
+                loop, self.variables(), self.fast_step, rows=rows
             )
         return self._functions[key]
 

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import harness
-from keras_attention import backend
 from keras_attention import kv_cache
 from keras_attention.backend import compiled_steps
 from keras_attention.layers import MultiHeadAttention
@@ -100,15 +99,11 @@ def test_attend_in_half_precision(way, dtype, tolerance):
 
 
 @pytest.mark.parametrize("groups", [4, 1], ids=["mha", "mqa"])
-def test_attend_takes_the_backends_way_for_a_long_cache(groups):
-    """The einsums up to the backend's `block_diagonal_slots_per_group`
-    slots per key/value head, the matmuls past it (TensorFlow); the einsums
-    at every length where it is None (JAX); both equal numpy."""
-    slots = backend.preferences().block_diagonal_slots_per_group
-    assert slots == {"tensorflow": 16}.get(keras.backend.backend())
-    boundary = (16 if slots is None else slots) * groups
-    for length in (boundary, boundary + 1, 4 * boundary):
-        way = "block_diagonal" if slots is not None and length > boundary else "per_head"
+def test_attend_takes_the_matmuls_for_a_long_cache(groups):
+    """The einsums up to `BLOCK_DIAGONAL_SLOTS_PER_GROUP` slots per key/value
+    head, the matmuls past it; both equal numpy."""
+    boundary = compiled_steps.BLOCK_DIAGONAL_SLOTS_PER_GROUP * groups
+    for length, way in [(boundary, "per_head"), (boundary + 1, "block_diagonal")]:
         inputs = _inputs(length, groups, "float32", seed=length)
         mask = _mask("per_row", length)
         got = _attend(compiled_steps._attend, inputs, "float32", mask)

@@ -294,26 +294,29 @@ def test_linear_equals_numpy_with_gradients(rows, with_bias):
         assert bool(calls) == (large and onednn)
 
 
-def test_decoding_loops_compile_with_the_backends_options():
-    """`compile_decoding` computes the loop; on JAX on a CPU it compiles
-    without YNNPACK fusions (XLA's own kernels were faster in the decoding
-    loops: benchmarks/README.md)."""
+def test_decoding_loops_of_several_rows_compile_as_preferred():
+    """`compile_decoding` computes the loop whatever the rows; on JAX on a
+    CPU a loop of several rows compiles without YNNPACK fusions (XLA's own
+    kernels were faster there: benchmarks/README.md), one of one row with
+    them."""
     x, w = _normal((4, 64)), _normal((64, 48), 1)
 
     def loop(x, w, step=None):
         return keras.ops.tanh(keras.ops.matmul(x, w))
 
-    got = keras.ops.convert_to_numpy(backend.compile_decoding(loop, [])(x, w))
-    np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)
+    expected = np.tanh(x @ w)
+    for rows in (1, 4):
+        got = keras.ops.convert_to_numpy(backend.compile_decoding(loop, [], rows=rows)(x, w))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     if BACKEND == "jax":
         import jax
 
         from keras_attention.backend import jax as jax_backend
 
-        options = jax_backend._decoding_compiler_options()
         if jax.default_backend() != "cpu":
-            assert options is None
+            assert jax_backend._decoding_compiler_options() is None
             return
+        options = jax_backend._decoding_compiler_options()
         assert options is not None  # this jaxlib knows the option
 
         def compiled(options):

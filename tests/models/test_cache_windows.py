@@ -77,10 +77,9 @@ def _randomized(model, seed):
 
 
 def _gpt(seed=0):
-    # One key/value head: where the backend attends over more than 16 slots
-    # per key/value head through the block-diagonal matmuls (TensorFlow:
-    # `Preferences.block_diagonal_slots_per_group`), and over fewer through
-    # the einsums, a run crosses from one to the other.
+    # One key/value head: a step over more than 16 slots attends through the
+    # block-diagonal matmuls (`compiled_steps.BLOCK_DIAGONAL_SLOTS_PER_GROUP`),
+    # over fewer through the einsums, so a run crosses from one to the other.
     model = GPT(
         vocabulary_size=V, max_sequence_length=MAX_LENGTH, num_layers=2, num_heads=4,
         num_key_value_heads=1, hidden_dim=16, intermediate_dim=32,
