@@ -163,7 +163,7 @@ def stateless_uniform(like, seed, step):
     return current().stateless_uniform(like, seed, step)
 
 
-def compile_decoding(loop, variables, fast_step=None, rows=None):
+def compile_decoding(loop, variables, fast_step=None, own_caches=False):
     """A decoding loop made into the backend's fastest callable.
 
     Args:
@@ -174,11 +174,12 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
             step outside the layers (`decoder_step`, `block_step`) or None,
             asked once per call (inside the trace where the loop compiles)
             so that it sees the current weights.
-        rows: optional int, the rows a step computes (sources times
-            hypotheses), for a compiler whose best options depend on it
-            (JAX on a CPU).
+        own_caches: whether the loop runs the fast step on caches of its
+            own layout (a translation's grouped step, `compiled_steps`),
+            where no attention takes the block-diagonal matmuls: on JAX on a
+            CPU such a loop compiles with XLA's own kernels.
     """
-    return current().compile_decoding(loop, variables, fast_step, rows=rows)
+    return current().compile_decoding(loop, variables, fast_step, own_caches=own_caches)
 
 
 def decoder_step(embedding, blocks, final_norm):

@@ -102,7 +102,7 @@ def stateless_uniform(like, seed, step):
     return jax.random.uniform(key, like.shape, minval=1e-12, maxval=1.0)
 
 
-def compile_decoding(loop, variables, fast_step=None, rows=None):
+def compile_decoding(loop, variables, fast_step=None, own_caches=False):
     """`jax.jit` of the loop as a pure function of the variables' values."""
     variables = list(variables)
 
@@ -113,7 +113,7 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
             # mapped above.
             return loop(*args, step=None if fast_step is None else fast_step())
 
-    options = _decoding_compiler_options() if rows is not None and rows > 1 else None
+    options = _decoding_compiler_options() if own_caches else None
     jitted = jax.jit(stateless, compiler_options=options)
 
     def function(*args):
@@ -123,15 +123,15 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
 
 
 # XLA's CPU compiler sends products of more than one row (and some
-# reductions) to YNNPACK fusions. Where a step computes several rows, the
-# loop ran faster with XLA's own kernels: against the default, in one
-# process, the same tokens (benchmarks/README.md), a 32-token translation
-# was 1.18 to 1.20 times as fast with 4 beams at batch 4, 1.07 to 1.12
-# greedy at batch 4 and 1.00 to 1.02 with 4 beams at batch 1, and GPT's 112
-# tokens 1.08 times as fast at batch 4. A one-row step keeps the default:
-# its weight products are matrix-vector products either way, and YNNPACK ran
-# the matmuls of attention over a long cache faster (GPT at batch 1 took
-# 1.08 to 1.10 times as long without it).
+# reductions) to YNNPACK fusions. A translation's loop on its grouped step
+# ran faster with XLA's own kernels: against the default, in one process,
+# the same tokens (benchmarks/README.md), a 32-token translation was 1.18 to
+# 1.20 times as fast with 4 beams at batch 4, 1.07 to 1.12 greedy at batch 4
+# and 1.00 to 1.03 at batch 1 (there from the encoder's 20-row products).
+# GPT's loops keep the default: YNNPACK runs the block-diagonal matmuls of
+# attention over a long cache faster (`compiled_steps._attend`; without it
+# a token at 512 took 1.26 times as long as with it at batch 1), and those
+# matmuls are what keeps a token at 512 within 1.5 times one at 64.
 _CPU_DECODING_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 

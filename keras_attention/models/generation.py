@@ -332,7 +332,8 @@ class Generator:
             )
 
         key = ("sample", total) + tuple(sorted(options.items()))
-        outputs = self._function(key, loop, rows=prompt.shape[0])(
+        own_caches = "empty_caches" if start == 1 else None
+        outputs = self._function(key, loop, own_caches)(
             prompt.astype("int32", copy=False), lengths.astype("int32", copy=False),
             *noise, *context,
         )
@@ -396,7 +397,7 @@ class Generator:
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop, rows=batch * num_beams)(*context)
+        sequences, scores = self._function(key, loop, "beam_caches")(*context)
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):
@@ -410,13 +411,15 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop, rows):
-        """The compiled `loop` for one configuration and number of rows a
-        step computes (sources times hypotheses), made once."""
-        key = key + (rows,)
+    def _function(self, key, loop, own_caches=None):
+        """The compiled `loop` for one configuration, made once.
+        `own_caches`: the name of the cache maker by which the loop takes a
+        fast step's caches of its own layout, where the step has one."""
         if key not in self._functions:
+            step = None if self.fast_step is None else self.fast_step()
             self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step, rows=rows
+                loop, self.variables(), self.fast_step,
+                own_caches=own_caches is not None and hasattr(step, own_caches),
             )
         return self._functions[key]
 
