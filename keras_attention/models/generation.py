@@ -332,8 +332,8 @@ class Generator:
             )
 
         key = ("sample", total) + tuple(sorted(options.items()))
-        own_caches = "empty_caches" if start == 1 else None
-        outputs = self._function(key, loop, own_caches)(
+        cache_maker = "empty_caches" if start == 1 else None
+        outputs = self._function(key, loop, cache_maker)(
             prompt.astype("int32", copy=False), lengths.astype("int32", copy=False),
             *noise, *context,
         )
@@ -411,15 +411,15 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop, own_caches=None):
+    def _function(self, key, loop, cache_maker=None):
         """The compiled `loop` for one configuration, made once.
-        `own_caches`: the name of the cache maker by which the loop takes a
-        fast step's caches of its own layout, where the step has one."""
+        `cache_maker`: the name of the maker by which the loop takes a fast
+        step's caches of its own layout, where the step has one."""
         if key not in self._functions:
             step = None if self.fast_step is None else self.fast_step()
             self._functions[key] = backend.compile_decoding(
                 loop, self.variables(), self.fast_step,
-                own_caches=own_caches is not None and hasattr(step, own_caches),
+                own_caches=cache_maker is not None and hasattr(step, cache_maker),
             )
         return self._functions[key]
 
