@@ -125,6 +125,18 @@ def compile_decoding(loop, variables, fast_step=None, own_caches=False):
         key = tuple((a.shape, a.dtype.str) for a in args)
         if key not in concrete:
             concrete[key] = function.get_concrete_function(*args)
-        return concrete[key](*args)
+        return _call_concrete(concrete[key], args)
 
     return call
+
+
+def _call_concrete(function, args):
+    """`function(*args)` for numpy arguments of its signature's shapes and
+    dtypes, through its flat call where TensorFlow has one: binding them to
+    the structured signature (canonicalizing, casting and checking each)
+    took 0.57 ms of a 3.6 ms one-token translation at batch 1 on a 2-core
+    CPU (benchmarks/README.md)."""
+    call_flat = getattr(function, "_call_flat", None)
+    if call_flat is None:
+        return function(*args)
+    return call_flat([tf.constant(a) for a in args], function.captured_inputs)
