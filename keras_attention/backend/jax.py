@@ -126,7 +126,7 @@ def compile_decoding(loop, variables, fast_step=None, own_caches=False):
 # reductions) to YNNPACK fusions. A translation's loop on its grouped step
 # ran faster with XLA's own kernels: against the default, in one process,
 # the same tokens (benchmarks/README.md), a 32-token translation was 1.18 to
-# 1.20 times as fast with 4 beams at batch 4, 1.07 to 1.12 greedy at batch 4
+# 1.21 times as fast with 4 beams at batch 4, 1.07 to 1.12 greedy at batch 4
 # and 1.00 to 1.03 at batch 1 (there from the encoder's 20-row products).
 # GPT's loops keep the default: YNNPACK runs the block-diagonal matmuls of
 # attention over a long cache faster (`compiled_steps._attend`; without it
