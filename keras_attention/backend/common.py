@@ -61,6 +61,11 @@ class Preferences:
             instead of four), where that is no more arithmetic: `"always"`,
             `"beam_search"` (where a source's hypotheses share the folded
             kernels) or `"never"`.
+        top_k_block: beam search's choice of the best `2K` of a source's
+            `K V` candidates in two `top_k`s, over the maxima of blocks of
+            this many candidates and then over the elements of the best
+            blocks (`models.beam_search.top_k`), where a backend's `top_k`
+            over the whole row costs more; 0 for one `top_k`.
     """
 
     blocked: str = "never"
@@ -76,6 +81,7 @@ class Preferences:
     cache_windows: bool = False
     causal_tiles: bool = False
     absorb_cross_attention: str = "never"
+    top_k_block: int = 0
 
 
 PREFERENCES = Preferences()

@@ -41,6 +41,7 @@ PREFERENCES = Preferences(
     cache_windows=True,
     causal_tiles=True,
     absorb_cross_attention="beam_search",
+    top_k_block=32,
 )
 
 fori_loop = common.fori_loop
