@@ -66,6 +66,13 @@ class Preferences:
             this many candidates and then over the elements of the best
             blocks (`models.beam_search.top_k`), where a backend's `top_k`
             over the whole row costs more; 0 for one `top_k`.
+        beam_windows_in_slots: whether beam search on a step with caches of
+            its own layout (`compiled_steps`' grouped layout, where a
+            hypothesis attends over its source's `E` rows, `E` slots a
+            position) sizes its cache windows in slots, the first
+            `cache_windows.FIRST_WINDOW / E` positions long, instead of in
+            positions: less attention arithmetic in the early steps, at the
+            price of compiling the step once more per phase.
     """
 
     blocked: str = "never"
@@ -82,6 +89,7 @@ class Preferences:
     causal_tiles: bool = False
     absorb_cross_attention: str = "never"
     top_k_block: int = 0
+    beam_windows_in_slots: bool = False
 
 
 PREFERENCES = Preferences()

@@ -42,6 +42,7 @@ PREFERENCES = Preferences(
     causal_tiles=True,
     absorb_cross_attention="beam_search",
     top_k_block=32,
+    beam_windows_in_slots=True,
 )
 
 fori_loop = common.fori_loop

@@ -37,13 +37,24 @@ from keras import ops
 # blocks took 0.01 or 0.02 ms of a 0.15 ms step).
 FIRST_WINDOW = 64
 
+# The shortest first window, in positions, of a loop whose step reads
+# several slots a position (`lengths`' `slots`).
+SHORTEST_WINDOW = 8
 
-def lengths(start, total):
+
+def lengths(start, total, slots=1):
     """The cache lengths of the phases of a loop whose first step is at
     position `start` and whose last is at `total - 1`: the windows above
-    `start` and below `total`, then `total`."""
+    `start` and below `total`, then `total`.
+
+    `slots`: the slots a step reads per position (`E` for the grouped
+    layout of beam search, where each hypothesis attends over its source's
+    `E` rows): the windows then count `FIRST_WINDOW` slots first,
+    `FIRST_WINDOW / slots` positions (at least `SHORTEST_WINDOW`)."""
     windows = []
     window = FIRST_WINDOW
+    if slots > 1:
+        window = max(FIRST_WINDOW // slots, min(SHORTEST_WINDOW, FIRST_WINDOW))
     while window < total:
         for size in (window, window * 3 // 2):
             if start < size < total:
@@ -72,7 +83,7 @@ class Phases:
         self.axes = tuple(axes)
 
     @classmethod
-    def plan(cls, empty_caches, batch, start, total, context=(), windowed=True):
+    def plan(cls, empty_caches, batch, start, total, context=(), windowed=True, slots=1):
         """The first phase's caches and the `Phases` of a loop.
 
         Args:
@@ -84,6 +95,7 @@ class Phases:
             total: the total length.
             context: the model's arrays for `empty_caches`.
             windowed: False for one phase over caches of length `total`.
+            slots: the slots a step reads per position (`lengths`).
 
         Returns:
             `(caches, phases)`. One phase where `windowed` is False, where
@@ -94,7 +106,7 @@ class Phases:
             never computed (an eager loop, as on torch, runs one phase:
             `windowed=False`).
         """
-        windows = lengths(start, total) if windowed else (total,)
+        windows = lengths(start, total, slots) if windowed else (total,)
         if len(windows) == 1:
             return empty_caches(batch, total, *context), cls.single(total)
         caches = empty_caches(batch, windows[0], *context)

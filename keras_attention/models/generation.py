@@ -375,11 +375,13 @@ class Generator:
         def loop(*context, step=None):
             windowed = backend.preferences().cache_windows
             if hasattr(step, "beam_caches"):  # caches of the step's own
+                # Its hypotheses attend over their source's `num_beams` rows.
+                slots = num_beams if backend.preferences().beam_windows_in_slots else 1
                 caches, phases = cache_windows.Phases.plan(
                     lambda rows, length, *context: step.beam_caches(
                         rows, length, num_beams, *context
                     ),
-                    batch, 0, total, context, windowed=windowed,
+                    batch, 0, total, context, windowed=windowed, slots=slots,
                 )
                 reorder = step.reorder_caches
             else:

@@ -117,6 +117,16 @@ def test_windows_grow_by_half_from_the_first_one_above_the_start():
         assert next(w for w in windows if w > position) <= 1.5 * position
 
 
+def test_windows_in_slots_start_at_the_first_window_over_the_slots():
+    """A step that reads 4 slots a position (4 beams in the grouped layout)
+    starts at 64 / 4 = 16 positions; the first window is never below 8."""
+    assert cache_windows.lengths(0, 33, slots=4) == (16, 24, 32, 33)
+    assert cache_windows.lengths(0, 16, slots=4) == (16,)
+    assert cache_windows.lengths(0, 40, slots=2) == (32, 40)
+    assert cache_windows.lengths(0, 100, slots=16) == (8, 12, 16, 24, 32, 48, 64, 96, 100)
+    assert cache_windows.lengths(0, 33, slots=1) == cache_windows.lengths(0, 33) == (33,)
+
+
 def _translation_caches(batch, length):
     """A translation model's caches: per block a self cache that grows,
     a cross cache and a source mask that do not."""
@@ -267,5 +277,26 @@ def test_translation_in_phases_equals_one_phase(phases_seen, monkeypatch, sampli
     assert phases_seen == [(8, 12, 13)]
     _one_phase(monkeypatch)
     single_ids, single_scores = _translator().generate(sources, **kwargs)
+    np.testing.assert_array_equal(ids, single_ids)
+    np.testing.assert_allclose(scores, single_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_translation_beam_windows_count_the_beams_slots(phases_seen, monkeypatch):
+    """Beam search on the grouped step, which reads 4 slots a position:
+    where the backend prefers windows in slots (JAX), a first window of 32
+    slots is 8 positions; elsewhere the first window is 32 positions, past
+    this run. The tokens and scores are those of one phase either way."""
+    monkeypatch.setattr(cache_windows, "FIRST_WINDOW", 32)
+    sources = np.array([[4, 5, 6, 7, 8, 9], [10, 3, 12, 0, 0, 0]], "int32")
+    kwargs = dict(
+        max_new_tokens=12, start_token_id=1, end_token_id=2, sampling="beam", num_beams=4,
+        return_scores=True, num_return_sequences=2,
+    )
+    ids, scores = _translator(seed=3).generate(sources, **kwargs)
+    in_slots = backend.preferences().beam_windows_in_slots and BACKEND != "torch"
+    assert phases_seen == [(8, 12, 13) if in_slots else (13,)]
+    assert backend.preferences().beam_windows_in_slots == (BACKEND == "jax")
+    _one_phase(monkeypatch)
+    single_ids, single_scores = _translator(seed=3).generate(sources, **kwargs)
     np.testing.assert_array_equal(ids, single_ids)
     np.testing.assert_allclose(scores, single_scores, rtol=1e-5, atol=1e-5)
