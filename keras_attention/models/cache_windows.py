@@ -50,7 +50,8 @@ def lengths(start, total, slots=1):
     `slots`: the slots a step reads per position (`E` for the grouped
     layout of beam search, where each hypothesis attends over its source's
     `E` rows): the windows then count `FIRST_WINDOW` slots first,
-    `FIRST_WINDOW / slots` positions (at least `SHORTEST_WINDOW`)."""
+    `FIRST_WINDOW / slots` positions (at least `SHORTEST_WINDOW`, or
+    `FIRST_WINDOW` where that is shorter)."""
     windows = []
     window = FIRST_WINDOW
     if slots > 1:

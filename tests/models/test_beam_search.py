@@ -38,9 +38,9 @@ def _stable_top_k(values, k):
 )
 @pytest.mark.parametrize("ties", [False, True])
 def test_top_k_in_blocks_equals_a_stable_sort(rows, size, k, block, ties):
-    """Values and indices equal numpy's stable sort, with many equal values
-    (integers from a range of 5, the maxima of most blocks tied) and
-    without; and equal to the one `top_k` it replaces."""
+    """Values and indices equal numpy's stable sort and the one `top_k`
+    they replace, with many equal values (integers from a range of 5, the
+    maxima of most blocks tied) and without."""
     rng = np.random.default_rng(size + k)
     if ties:
         values = rng.integers(0, 5, (rows, size)).astype("float32")
@@ -56,6 +56,10 @@ def test_top_k_in_blocks_equals_a_stable_sort(rows, size, k, block, ties):
     else:  # distinct indices of the values returned
         np.testing.assert_array_equal(np.take_along_axis(values, got_index, -1), got_values)
         assert all(len(set(row)) == k for row in got_index.tolist())
+    one_values, one_index = ops.top_k(ops.convert_to_tensor(values), k=k)
+    np.testing.assert_array_equal(got_values, ops.convert_to_numpy(one_values))
+    if STABLE or not ties:
+        np.testing.assert_array_equal(got_index, ops.convert_to_numpy(one_index))
 
 
 def test_top_k_in_blocks_ranks_a_tie_across_blocks_by_index():
@@ -118,8 +122,7 @@ def test_beam_search_through_blocks_keeps_its_hypotheses_and_scores(monkeypatch)
     for end in (None, 5):
         np.testing.assert_array_equal(found[0, end][0], found[32, end][0])
         np.testing.assert_array_equal(found[0, end][1], found[32, end][1])
-    # The two searches differ from each other only if top_k is reached
-    # through the blocks at all: the candidates outnumber 4 k blocks.
+    # The blocks were taken: a source's candidates fill 4 k blocks of 32.
     assert beams * vocabulary >= 4 * (2 * beams) * 32
 
 
