@@ -125,8 +125,3 @@ def test_beam_search_through_blocks_keeps_its_hypotheses_and_scores(monkeypatch)
     # The blocks were taken: a source's candidates fill 4 k blocks of 32.
     assert beams * vocabulary >= 4 * (2 * beams) * 32
 
-
-def test_jax_prefers_the_blocks_and_the_others_one_top_k():
-    """The preference as each backend states it (benchmarks/README.md)."""
-    expected = 32 if keras.backend.backend() == "jax" else 0
-    assert backend.preferences().top_k_block == expected
