@@ -9,7 +9,7 @@ Under XLA (TensorFlow's and JAX's decoding loops) a step's cost on a CPU is
 mostly the number of kernels it launches, not its arithmetic: at the sizes
 of benchmarks/seq2seq_speed.py (width 128) a token costs about 0.09 ms
 through the layers, against about 0.05 ms for the same arithmetic written
-out. A block's step here differs from the layers' in three ways:
+out. A block's step here differs from the layers' in four ways:
 
 - self-attention's Q, K and V come from one matmul on kernels concatenated
   once per call, before the loop;
@@ -24,7 +24,11 @@ out. A block's step here differs from the layers' in three ways:
 - over a long cache, attention is two plain matmuls against a block-diagonal
   matrix of the queries (`_attend`): per-head einsums have XLA transpose the
   whole cache at every step, which made a step's time grow with the cache
-  twice as fast.
+  twice as fast;
+- a decoder-only model's loop carries each block's keys and values apart,
+  in the shape those matmuls read (`split_caches`, the step's
+  `enter_caches` and `leave_caches`), not the layers' packed cache, out of
+  which XLA copied both at every step.
 
 Norms, feed-forward networks, embeddings and logits run through their
 layers, which compile to the same kernels.
@@ -99,7 +103,35 @@ def decoder_step(embedding, blocks, final_norm):
             x = final_norm(x)
         return embedding(x, reverse=True), tuple(updated)  # (B, 1, V)
 
+    step.enter_caches = split_caches
+    step.leave_caches = lambda caches: pack_caches(caches, steps[0].kv_heads)
     return step
+
+
+def split_caches(caches):
+    """Per block, the layers' cache `(B, 2, L, G, K)` as its keys and values
+    apart, each `(B, L, G K)`, or `(L, G K)` for one row: what a compiled
+    loop carries (`cache_windows.Phases.while_loop`), in the shape the
+    step's products read. From the packed cache XLA copied both out at
+    every step (2 MB a step for GPT's 4 blocks at 512 positions); from any
+    other shape it wrote each step's slot twice, once into a copy of the
+    whole cache in the products' shape (benchmarks/README.md)."""
+    split = []
+    for cache in caches:
+        batch, _, length, groups, head_size = cache.shape
+        shape = (length, groups * head_size) if batch == 1 else (batch, length, groups * head_size)
+        split.append(tuple(ops.reshape(x, shape) for x in kv_cache.read(cache)))
+    return tuple(split)
+
+
+def pack_caches(caches, groups):
+    """`split_caches` undone: per block `(B, 2, L, G, K)`."""
+    packed = []
+    for keys, values in caches:
+        length, width = keys.shape[-2:]
+        shape = (-1, length, groups, width // groups)
+        packed.append(kv_cache.pack(ops.reshape(keys, shape), ops.reshape(values, shape)))
+    return tuple(packed)
 
 
 # Above this many cache slots per key/value head a step attends through two
@@ -376,9 +408,22 @@ class _BlockStep:
         def self_attend(h):
             nonlocal self_cache
             q, k, v = self._project(h)  # (B, 1, H, K), (B, 1, G, K) twice
-            self_cache = kv_cache.write(self_cache, k, v, index)
-            keys, values = kv_cache.read(self_cache)  # (B, L, G, K)
-            seen = ops.arange(kv_cache.length(self_cache)) <= index  # (L,)
+            if isinstance(self_cache, tuple):  # keys and values apart (`split_caches`)
+                batch = ops.shape(h)[0]
+                length, width = self_cache[0].shape[-2:]
+                one_row = len(self_cache[0].shape) == 2
+                start = (index, 0) if one_row else (0, index, 0)
+                slot = (1, width) if one_row else (batch, 1, width)
+                self_cache = tuple(
+                    ops.slice_update(cache, start, ops.cast(ops.reshape(x, slot), cache.dtype))
+                    for cache, x in zip(self_cache, (k, v))
+                )
+                shape = (batch, length, self.kv_heads, self.head_size)
+                keys, values = (ops.reshape(x, shape) for x in self_cache)
+            else:
+                self_cache = kv_cache.write(self_cache, k, v, index)
+                keys, values = kv_cache.read(self_cache)  # (B, L, G, K)
+            seen = ops.arange(keys.shape[1]) <= index  # (L,)
             attended = _attend(q, keys, values, seen[None], self.scale)
             attended = ops.reshape(attended, (ops.shape(h)[0], 1, -1))  # (B, 1, H K)
             return _linear(attended, attention.output_dense, self.output_width)

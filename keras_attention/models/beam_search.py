@@ -185,5 +185,7 @@ def beam_search(
         body,
         (i, sequences, log_prob, finished, finished_scores, caches, done),
         caches_at=5,
+        enter=getattr(step, "enter_caches", None),
+        leave=getattr(step, "leave_caches", None),
     )
     return finished, finished_scores

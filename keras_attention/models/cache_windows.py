@@ -135,7 +135,7 @@ class Phases:
             grown.append(leaf)
         return keras.tree.pack_sequence_as(caches, grown)
 
-    def while_loop(self, condition, body, state, caches_at):
+    def while_loop(self, condition, body, state, caches_at, enter=None, leave=None):
         """`ops.while_loop(condition, body, state)` in phases.
 
         `state[0]` is the position of the next step (which writes that
@@ -143,7 +143,18 @@ class Phases:
         position is below `lengths[n]` and `condition` holds, after growing
         the caches to `lengths[n]`; a loop that ends early (the condition
         false) runs no step in the phases after, only their padding.
+        `enter` and `leave`: optional functions of the caches, into the
+        layout the body carries at the start of each phase and back after
+        it (the phases grow the caches as planned, in the layout given).
         """
+
+        def convert(state, function):
+            if function is None:
+                return state
+            state = list(state)
+            state[caches_at] = function(state[caches_at])
+            return tuple(state)
+
         for n, length in enumerate(self.lengths):
             if n:
                 state = list(state)
@@ -153,7 +164,7 @@ class Phases:
             def phase_condition(*state, length=length):
                 return ops.logical_and(state[0] < length, condition(*state))
 
-            state = ops.while_loop(phase_condition, body, state)
+            state = convert(ops.while_loop(phase_condition, body, convert(state, enter)), leave)
         return state
 
 

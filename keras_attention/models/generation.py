@@ -30,7 +30,10 @@ It then brings their makers, `empty_caches(batch, length, *context)` and
 `beam_caches(batch, length, beams, *context)`, and `reorder_caches(caches,
 rows)` for beam search, and runs every position of the loops that use them:
 those whose shortest prompt is one token (a translation's start token) and
-every beam search.
+every beam search. A fast step on the model's own caches may instead carry
+them in another layout inside the loop only: it then brings
+`enter_caches(caches)` and `leave_caches(caches)`, applied at each phase's
+start and end (`cache_windows.Phases.while_loop`).
 """
 
 import numpy as np
@@ -194,7 +197,8 @@ def decode(
 
     phases = phases or cache_windows.Phases.single(total)
     i, ids, _, next_logits, done, *scores = phases.while_loop(
-        condition, body, (i, ids, caches, next_logits, done) + scores, caches_at=2
+        condition, body, (i, ids, caches, next_logits, done) + scores, caches_at=2,
+        enter=getattr(step, "enter_caches", None), leave=getattr(step, "leave_caches", None),
     )
     # At `L - 1`, or where every row was done (each then gets padding).
     _, ids, _, scores = choose(i, ids, next_logits, done, tuple(scores))

@@ -166,6 +166,26 @@ def test_plan_grows_a_leaf_of_several_slots_per_position():
     assert np.all(grown[:, :, 192:] == 0)
 
 
+def test_while_loop_carries_the_entered_layout_and_leaves_it():
+    """`enter` at each phase's start, `leave` after it, the growth between
+    in the layout left: a `(B, L)` leaf carried as `(L, B)`, one added at
+    each step. Hand-worked: two steps over 2 positions, the leaf grown to 4
+    with zeros, two more steps."""
+    phases = cache_windows.Phases((2, 4), [(1, 1)])
+    carried = []
+
+    def body(i, caches):
+        carried.append(tuple(caches.shape))
+        return i + 1, caches + 1.0
+
+    _, caches = phases.while_loop(
+        lambda i, caches: i < 4, body, (keras.ops.convert_to_tensor(0), keras.ops.zeros((3, 2))),
+        caches_at=1, enter=keras.ops.transpose, leave=keras.ops.transpose,
+    )
+    assert set(carried) == {(2, 3), (4, 3)}
+    np.testing.assert_array_equal(harness.to_numpy(caches), [[4.0, 4.0, 2.0, 2.0]] * 3)
+
+
 @pytest.mark.parametrize(
     "empty_caches",
     [
@@ -198,9 +218,12 @@ def test_default_windows_follow_the_backend():
 # Generation in phases equals generation in one phase.
 
 
-def test_greedy_in_phases_equals_one_phase_and_recomputing(phases_seen, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_in_phases_equals_one_phase_and_recomputing(phases_seen, monkeypatch, batch):
     # A prompt of 10 is past the first window (8): phases of 12, 16 and 24.
-    prompt = np.random.default_rng(1).integers(0, V, (2, 10)).astype("int32")
+    # Under a compiler the loop carries each block's keys and values apart,
+    # `(L, G K)` for one row (`compiled_steps.split_caches`).
+    prompt = np.random.default_rng(1).integers(0, V, (batch, 10)).astype("int32")
     windowed = _gpt().generate(prompt, max_new_tokens=14)
     assert phases_seen == [(12, 16, 24)]
     _one_phase(monkeypatch)
