@@ -104,7 +104,7 @@ def decoder_step(embedding, blocks, final_norm):
         return embedding(x, reverse=True), tuple(updated)  # (B, 1, V)
 
     step.enter_caches = split_caches
-    step.leave_caches = lambda caches: pack_caches(caches, steps[0].kv_heads)
+    step.leave_caches = lambda caches: pack_caches(caches, [s.kv_heads for s in steps])
     return step
 
 
@@ -125,9 +125,10 @@ def split_caches(caches):
 
 
 def pack_caches(caches, groups):
-    """`split_caches` undone: per block `(B, 2, L, G, K)`."""
+    """`split_caches` undone: per block `(B, 2, L, G, K)`, for the blocks'
+    numbers of key/value heads `groups`."""
     packed = []
-    for keys, values in caches:
+    for (keys, values), groups in zip(caches, groups):
         length, width = keys.shape[-2:]
         shape = (-1, length, groups, width // groups)
         packed.append(kv_cache.pack(ops.reshape(keys, shape), ops.reshape(values, shape)))

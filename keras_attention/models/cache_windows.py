@@ -157,9 +157,7 @@ class Phases:
 
         for n, length in enumerate(self.lengths):
             if n:
-                state = list(state)
-                state[caches_at] = self.grow(state[caches_at], length)
-                state = tuple(state)
+                state = convert(state, lambda caches, length=length: self.grow(caches, length))
 
             def phase_condition(*state, length=length):
                 return ops.logical_and(state[0] < length, condition(*state))

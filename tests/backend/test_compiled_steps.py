@@ -299,6 +299,6 @@ def test_split_caches_hold_the_keys_and_values_and_pack_back(batch):
         assert tuple(keys.shape) == tuple(values.shape) == expected
         np.testing.assert_array_equal(harness.to_numpy(keys), cache[:, 0].reshape(expected))
         np.testing.assert_array_equal(harness.to_numpy(values), cache[:, 1].reshape(expected))
-    packed = compiled_steps.pack_caches(split, 2)
+    packed = compiled_steps.pack_caches(split, [2, 2])
     for got, cache in zip(packed, caches):
         np.testing.assert_array_equal(harness.to_numpy(got), cache)
