@@ -206,22 +206,28 @@ def block_step(block):
     return current().block_step(block)
 
 
-def stack_forward(blocks, x, use_causal_mask, training):
-    """Decoder-only blocks applied to a whole sequence outside the layers,
-    or None.
+def stack_forward(
+    blocks, x, use_causal_mask, training, padding_mask=None, memory=None, memory_mask=None
+):
+    """Encoder or decoder blocks applied to a whole sequence outside the
+    layers, or None.
 
-    `x` `(B, T, D)` -> `(B, T, D)`, what `block(x, use_causal_mask=...,
-    training=training)` over the blocks in turn computes (no masks, caches
-    or cross-attention; the caller sends those to the layers), differentiable
-    as the layers are, with dropout drawn as the layers draw it. On torch,
-    where Keras runs a model eagerly and a layer's call costs more than its
-    arithmetic at small sizes, the blocks' arithmetic in plain torch; None
-    where a block's options are off the allow-list
-    (`allow_lists.sequence_options_allowed`), its call would add to its
-    arithmetic, the output is not finite, or on a backend that compiles its
-    steps (TensorFlow, JAX: nothing to spare).
+    `x` `(B, T, D)` -> `(B, T, D)`, what `block(x, ...)` over the blocks in
+    turn computes with `padding_mask` `(B, T)` (None: no padding) on the
+    self-attention, causal when `use_causal_mask`, cross-attention over
+    `memory` `(B, S, D)` (None: none) with `memory_mask` `(B, S)`, and
+    `training`; no attention masks or caches (the caller sends those to the
+    layers). Differentiable as the layers are, with dropout drawn as the
+    layers draw it. On torch, where Keras runs a model eagerly and a
+    layer's call costs more than its arithmetic at small sizes, the blocks'
+    arithmetic in plain torch; None where a block's options are off the
+    allow-list (`allow_lists.sequence_options_allowed`), its call would add
+    to its arithmetic, the output is not finite, or on a backend that
+    compiles its steps (TensorFlow, JAX: nothing to spare).
     """
-    return current().stack_forward(blocks, x, use_causal_mask, training)
+    return current().stack_forward(
+        blocks, x, use_causal_mask, training, padding_mask, memory, memory_mask
+    )
 
 
 def decoder_forward(

@@ -143,16 +143,28 @@ def attention_allowed(attention):
     )
 
 
+def _cross_attention(block):
+    """A decoder block's cross-attention layer; None for an encoder block."""
+    return getattr(block, "cross_attention", None)
+
+
+def _attentions(block):
+    attentions = [block.self_attention]
+    if _cross_attention(block) is not None:
+        attentions.append(block.cross_attention)
+    return attentions
+
+
 def _norms(block):
     norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
-    if block.cross_attention is not None:
+    if _cross_attention(block) is not None:
         norms.append(block.cross_attention_layer_norm)
     return norms
 
 
 def _options_allowed(block):
     """The options of the block and its layers, weights aside."""
-    if block.cross_attention is not None and not _attention_options_allowed(
+    if _cross_attention(block) is not None and not _attention_options_allowed(
         block.cross_attention
     ):
         return False
@@ -167,10 +179,7 @@ def _options_allowed(block):
 def weights_plain(block):
     """Every kernel of the block a plain weight (checked at each call: LoRA
     and quantization can be switched on after the block is made)."""
-    attentions = [block.self_attention]
-    if block.cross_attention is not None:
-        attentions.append(block.cross_attention)
-    denses = [d for a in attentions for d in _attention_denses(a)]
+    denses = [d for a in _attentions(block) for d in _attention_denses(a)]
     denses += [block.feedforward.intermediate_dense, block.feedforward.output_dense]
     return all(plain(d) for d in denses)
 
@@ -180,39 +189,32 @@ def block_allowed(block):
 
 
 def _layers(block):
-    attention = block.self_attention
     feedforward = block.feedforward
-    return [
-        block,
-        attention,
-        *_attention_denses(attention),
-        feedforward,
-        feedforward.intermediate_dense,
-        feedforward.output_dense,
-        *_norms(block),
-    ]
+    layers = [block, feedforward, feedforward.intermediate_dense, feedforward.output_dense]
+    for attention in _attentions(block):
+        layers += [attention, *_attention_denses(attention)]
+    return layers + _norms(block)
 
 
 def sequence_options_allowed(block):
-    """Whether a decoder-only block's options allow the sequence pass: those
-    of the decoding step, no cross-attention, equal key and value head
-    sizes (the fused kernel's; whether the layer asks for it, an attribute,
-    is checked at each call: `call_adds_nothing`)."""
-    attention = block.self_attention
-    return (
-        block.cross_attention is None
-        and _options_allowed(block)
-        and attention.key_dim == (attention.value_dim or attention.key_dim)
+    """Whether a block's options allow the sequence pass: an encoder block or
+    a decoder block (with or without cross-attention) with the options of
+    the decoding step and equal key and value head sizes in each attention
+    (the fused kernel's; whether the layer asks for that kernel, an
+    attribute, is checked at each call: `call_adds_nothing`)."""
+    return _options_allowed(block) and all(
+        attention.key_dim == (attention.value_dim or attention.key_dim)
+        for attention in _attentions(block)
     )
 
 
 def call_adds_nothing(block):
     """Whether the layers' calls add nothing to their arithmetic: no activity
     regularization (a loss the call records), no rematerialization
-    (`keras.RematScope`), and the attention's fused kernel, not the explicit
-    one it may be switched to. Checked at each call: all are attributes a
+    (`keras.RematScope`), and the attentions' fused kernel, not the explicit
+    one they may be switched to. Checked at each call: all are attributes a
     user can set after the block is made."""
-    return bool(block.self_attention.fused) and all(
+    return all(bool(a.fused) for a in _attentions(block)) and all(
         getattr(layer, "activity_regularizer", None) is None
         and getattr(layer, "_remat_mode", None) is None
         for layer in _layers(block)
@@ -240,6 +242,8 @@ def dropout_drawn_as_the_layers(block):
         block.feedforward_residual_dropout,
         block.feedforward.dropout_layer,
     ]
+    if _cross_attention(block) is not None:
+        dropouts.append(block.cross_attention_residual_dropout)
     return all(own_dropout(layer) for layer in dropouts)
 
 

@@ -241,7 +241,9 @@ decoder_step = compiled_steps.decoder_step
 block_step = compiled_steps.block_step
 
 
-def stack_forward(blocks, x, use_causal_mask, training):
+def stack_forward(
+    blocks, x, use_causal_mask, training, padding_mask=None, memory=None, memory_mask=None
+):
     # A compiled train step has no per-layer call cost to spare.
     return None
 

@@ -331,7 +331,9 @@ def _sequence_allowed(block, training):
     )
 
 
-def stack_forward(blocks, x, use_causal_mask, training):
+def stack_forward(
+    blocks, x, use_causal_mask, training, padding_mask=None, memory=None, memory_mask=None
+):
     """The blocks applied in plain torch (see `backend.stack_forward`).
 
     Through the layers, a training step of the `cpu` preset of
@@ -340,6 +342,10 @@ def stack_forward(blocks, x, use_causal_mask, training):
     differentiates it as it would the layers' operations. A non-finite
     output gives None: the layers then apply their rules for NaN and inf
     (which keys reach which queries), which this pass does not compute.
+
+    The masks are the layers': a padded position neither queries (its
+    attention output is 0) nor is seen, in self-attention; a padded memory
+    position is not seen in cross-attention. A mask of all True is no mask.
 
     In training, dropout is drawn from the layers' own seed generators with
     the layers' arithmetic (`dropout`, `dropout_attention`), so a seeded
@@ -351,13 +357,40 @@ def stack_forward(blocks, x, use_causal_mask, training):
         return None
     if not all(_sequence_allowed(block, training) for block in blocks):
         return None
+    if any((getattr(b, "cross_attention", None) is None) != (memory is None) for b in blocks):
+        return None  # the layers raise: a cross-attention without its memory, or the reverse
+    causal = bool(use_causal_mask)
+    mask = _padding_attention_mask(padding_mask, padding_mask, causal)  # (B, 1, T, T)
+    if memory is not None:
+        memory = memory.to(_torch_dtype(blocks[0]))
+        memory_mask = _padding_attention_mask(None, memory_mask, False)  # (B, 1, 1, S)
     for block in blocks:
         x = _BlockStep(block).sequence(
-            x.to(_torch_dtype(block)), bool(use_causal_mask), bool(training)
+            x.to(_torch_dtype(block)), causal, bool(training), mask, memory, memory_mask
         )
     if not bool(torch.isfinite(x).all()):
         return None
     return x
+
+
+def _padding_attention_mask(query_mask, key_mask, causal):
+    """`(B, 1, T|1, S)` booleans, True where a query sees a key: padding
+    masks `(B, T)` and `(B, S)` (or None), and causality when `causal`
+    (with a query mask); None when every query sees every key it may (all
+    True: the kernel's causal flag covers causality)."""
+    if key_mask is None:
+        return None
+    key_mask = ops.convert_to_tensor(key_mask).bool()
+    query_mask = None if query_mask is None else ops.convert_to_tensor(query_mask).bool()
+    if bool(key_mask.all()) and (query_mask is None or bool(query_mask.all())):
+        return None
+    mask = key_mask[:, None, None, :]  # (B, 1, 1, S)
+    if query_mask is not None:
+        mask = mask & query_mask[:, None, :, None]  # (B, 1, T, S)
+    if causal:
+        length = mask.shape[-1]
+        mask = mask & torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    return mask
 
 
 def decoder_forward(
@@ -423,6 +456,7 @@ class _AttentionWeights:
         matrices = [_weight(d.kernel, dtype).reshape(d.kernel.shape[0], -1) for d in denses]
         biases = [_weight(d.bias, dtype) for d in denses]
         biases = [None if b is None else b.reshape(-1) for b in biases]
+        self.splits = [m.shape[1] for m in matrices]
         if fuse_qkv:
             # One (3 widths, D) weight: a single GEMM gives q, k and v (the
             # only copy; the other kernels are used through transposed views).
@@ -430,8 +464,11 @@ class _AttentionWeights:
                 torch.cat(matrices, dim=1).T,
                 None if biases[0] is None else torch.cat(biases),
             )
-            self.splits = [m.shape[1] for m in matrices]
         self.query = (matrices[0].T, biases[0])
+        # Cross-attention over a whole memory: one GEMM for k and v.
+        self.key_kernel, self.value_kernel = matrices[1:]
+        self.key_bias, self.value_bias = biases[1:]
+        self.key_value = None
         output = attention.output_dense
         self.output = (
             _weight(output.kernel, dtype).reshape(-1, output.kernel.shape[-1]).T,
@@ -444,33 +481,60 @@ class _AttentionWeights:
         self.scale = attention.score.dot_product_scale(attention.key_dim)
         self.width = width
 
-    def attend_sequence(self, h, causal, dropout_rate=0.0, seed=None):
-        """Self-attention of a whole `h` `(B, T, D)` -> `(B, T, D)`, with
-        dropout on the weights at `dropout_rate` (drawn from `seed`)."""
-        batch, length = h.shape[0], h.shape[1]
+    def attend_sequence(self, h, causal, dropout_rate=0.0, seed=None, mask=None):
+        """Self-attention of a whole `h` `(B, T, D)` -> `(B, T, D)`: causal
+        or not, `mask` (None or boolean `(B, 1, T, T)`, causality included)
+        the positions each query sees, with dropout on the weights at
+        `dropout_rate` (drawn from `seed`)."""
         q, k, v = torch.split(_linear(h, *self.qkv), self.splits, dim=-1)
+        return self._attend_heads(q, k, v, causal, mask, dropout_rate, seed)
+
+    def attend_memory(self, h, memory, mask=None, dropout_rate=0.0, seed=None):
+        """Cross-attention of `h` `(B, T, D)` over `memory` `(B, S, D)` ->
+        `(B, T, D)`, `mask` (None or boolean `(B, 1, 1, S)`) the memory
+        positions every query sees."""
+        if self.key_value is None:  # made at the first call: decoding never reads it
+            kernels = [self.key_kernel, self.value_kernel]
+            biases = [self.key_bias, self.value_bias]
+            self.key_value = (
+                torch.cat(kernels, dim=1).T,
+                None if biases[0] is None else torch.cat(biases),
+            )
+        k, v = torch.split(_linear(memory, *self.key_value), self.splits[1:], dim=-1)
+        q = _linear(h, *self.query)
+        return self._attend_heads(q, k, v, False, mask, dropout_rate, seed)
+
+    def _attend_heads(self, q, k, v, causal, mask, dropout_rate, seed):
+        """Projected `q` `(B, T, H K)`, `k`, `v` `(B, S, G K)` -> the output
+        projection of their attention `(B, T, D)`, with the layers' rules:
+        a query that sees no key outputs 0 before the output projection."""
+        batch, length, memory = q.shape[0], q.shape[1], k.shape[1]
+        q = q.view(batch, length, self.heads, -1)
+        k = k.view(batch, memory, self.kv_heads, -1)
+        v = v.view(batch, memory, self.kv_heads, -1)
         if dropout_rate > 0:
             # The layers' kernel for attention dropout, with their mask.
-            mask = None
-            if causal:
-                mask = torch.ones(length, length, dtype=torch.bool, device=h.device).tril()
-                mask = mask[None, None]  # (1, 1, T, T)
-            attended = dropout_attention(
-                q.view(batch, length, self.heads, -1),
-                k.view(batch, length, self.kv_heads, -1),
-                v.view(batch, length, self.kv_heads, -1),
-                mask, self.scale, dropout_rate, seed,
-            )  # (B, T, H, K)
-            return _linear(attended.reshape(batch, length, -1), *self.output)
-        q = q.view(batch, length, self.heads, -1).transpose(1, 2)  # (B, H, T, K)
-        k = k.view(batch, length, self.kv_heads, -1).transpose(1, 2)  # (B, G, T, K)
-        v = v.view(batch, length, self.kv_heads, -1).transpose(1, 2)  # (B, G, T, K)
+            if mask is None and causal:
+                mask = torch.ones(length, memory, dtype=torch.bool, device=q.device).tril()
+                mask = mask[None, None]  # (1, 1, T, S)
+            attended = dropout_attention(q, k, v, mask, self.scale, dropout_rate, seed)
+            return _linear(attended.reshape(batch, length, -1), *self.output)  # (B, T, H K)
+        q = q.transpose(1, 2)  # (B, H, T, K)
+        k = k.transpose(1, 2)  # (B, G, S, K)
+        v = v.transpose(1, 2)  # (B, G, S, K)
         if self.groups > 1:  # query head h reads key/value head h // groups
-            k = k.repeat_interleave(self.groups, dim=1)  # (B, H, T, K)
+            k = k.repeat_interleave(self.groups, dim=1)  # (B, H, S, K)
             v = v.repeat_interleave(self.groups, dim=1)
-        attended = F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal, scale=self.scale
-        )  # (B, H, T, K)
+        if mask is None:
+            attended = F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=self.scale
+            )  # (B, H, T, K)
+        else:
+            has_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask | ~has_key, scale=self.scale
+            )
+            attended = torch.where(has_key, attended, torch.zeros_like(attended))
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H K)
         return _linear(attended, *self.output)
 
@@ -523,7 +587,7 @@ class _BlockStep:
         self.self_attention = _AttentionWeights(block.self_attention, dtype, True)
         self.norm1 = _norm_weights(block.self_attention_layer_norm)
         self.cross_attention = None
-        if block.cross_attention is not None:
+        if getattr(block, "cross_attention", None) is not None:  # encoders have none
             self.cross_attention = _AttentionWeights(block.cross_attention, dtype, False)
             self.norm_cross = _norm_weights(block.cross_attention_layer_norm)
         feedforward = block.feedforward
@@ -581,17 +645,30 @@ class _BlockStep:
         x = self._sublayer(x, self.norm2, feedforward)
         return x, self_cache
 
-    def sequence(self, x, causal, training=False):
+    def sequence(self, x, causal, training=False, mask=None, memory=None, memory_mask=None):
         """The block on a whole sequence `x` `(B, T, D)`: self-attention
-        (causal or not) and the feedforward, no masks, no cache; in
-        training, the layers' dropout drawn from their seed generators."""
+        (causal or not; `mask`, None or `(B, 1, T, T)`, the positions each
+        query sees, causality included), cross-attention over `memory`
+        `(B, S, D)` if given (`memory_mask`, None or `(B, 1, 1, S)`), and
+        the feedforward, no cache; in training, the layers' dropout drawn
+        from their seed generators."""
         block = self.block
-        attention = block.self_attention
-        rate = attention.dropout if training else 0.0
 
         def self_attend(h):
-            h = self.self_attention.attend_sequence(h, causal, rate, attention.seed_generator)
+            attention = block.self_attention
+            h = self.self_attention.attend_sequence(
+                h, causal, attention.dropout if training else 0.0,
+                attention.seed_generator, mask,
+            )
             return _dropped(h, block.self_attention_residual_dropout, training)
+
+        def cross_attend(h):
+            attention = block.cross_attention
+            h = self.cross_attention.attend_memory(
+                h, memory, memory_mask, attention.dropout if training else 0.0,
+                attention.seed_generator,
+            )
+            return _dropped(h, block.cross_attention_residual_dropout, training)
 
         def feedforward(h):
             h = self.activation(_linear(h, *self.intermediate))
@@ -600,6 +677,8 @@ class _BlockStep:
             return _dropped(h, block.feedforward_residual_dropout, training)
 
         x = self._sublayer(x, self.norm1, self_attend)
+        if memory is not None:
+            x = self._sublayer(x, self.norm_cross, cross_attend)
         return self._sublayer(x, self.norm2, feedforward)
 
 

@@ -76,7 +76,7 @@ def masked_softmax(scores, mask=None, axis=-1):
     if mask is None:
         return ops.cast(ops.softmax(scores, axis=axis), out_dtype)
     mask = masking.standardize_mask(mask, "mask", ranks=range(1, 9))
-    fill = ops.cast(mask_fill_value(work_dtype), work_dtype)
+    fill = ops.convert_to_tensor(mask_fill_value(work_dtype), dtype=work_dtype)
     scores = ops.where(mask, scores, fill)
     weights = ops.softmax(scores, axis=axis)
     weights = ops.where(mask, weights, ops.zeros_like(weights))

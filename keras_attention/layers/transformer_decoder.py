@@ -110,19 +110,24 @@ class TransformerDecoder(TransformerStack):
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
         x = decoder_sequence
         if (
-            not has_cross
+            cross_attention_cache is None
             and self_attention_cache is None
             and self_attention_cache_update_index is None
             and cross_attention_cache_update_index is None
-            and decoder_padding_mask is None
             and decoder_attention_mask is None
+            and encoder_attention_mask is None
             and not return_attention_scores
             and not kernels.is_recording()
         ):
-            # The plain self-attention stack: the backend's own pass where it
-            # has one (torch: the layers' call machinery is most of an eager
-            # step at small sizes).
-            output = backend.stack_forward(self.blocks, x, use_causal_mask, training)
+            # The stack on whole sequences, padding masks at most: the
+            # backend's own pass where it has one (torch: the layers' call
+            # machinery is most of an eager step at small sizes).
+            output = backend.stack_forward(
+                self.blocks, x, use_causal_mask, training,
+                padding_mask=decoder_padding_mask,
+                memory=encoder_sequence,
+                memory_mask=encoder_padding_mask if has_cross else None,
+            )
             if output is not None:
                 if self.output_layer_norm is not None:
                     output = self.output_layer_norm(output)

@@ -5,6 +5,8 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 
 import keras
 
+from keras_attention import backend
+from keras_attention import kernels
 from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
@@ -87,6 +89,21 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
         )
         if output_positions is not None:
             output_positions = check_positions(output_positions, inputs)
+        if (
+            attention_mask is None
+            and output_positions is None
+            and not return_attention_scores
+            and not kernels.is_recording()
+        ):
+            # The backend's own pass where it has one (torch: the layers'
+            # call machinery is most of an eager step at small sizes).
+            output = backend.stack_forward(
+                self.blocks, inputs, False, training, padding_mask=padding_mask
+            )
+            if output is not None:
+                if self.output_layer_norm is not None:
+                    output = self.output_layer_norm(output)
+                return output
         x = inputs
         weights = []
         for i, block in enumerate(self.blocks):

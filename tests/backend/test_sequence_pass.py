@@ -18,7 +18,9 @@ from keras_attention import backend
 from keras_attention import kernels
 from keras_attention.layers import TransformerDecoder
 from keras_attention.layers import TransformerDecoderBlock
+from keras_attention.layers import TransformerEncoder
 from keras_attention.models import GPT
+from keras_attention.models import Seq2SeqTransformer
 
 BACKEND = keras.backend.backend()
 B, T, D, V = 2, 5, 8, 13
@@ -50,27 +52,29 @@ def _through_layers(fn):
 
 
 def _check_same(stack_call, variables, inputs):
-    """`stack_call(x)` and its gradients (weights and input) against the
-    same call through the layers."""
+    """`stack_call(*inputs)` and its gradients (weights and inputs) against
+    the same call through the layers."""
     cotangent = _normal((B, T, D), 7)
 
     def loss(call):
         weights = keras.ops.convert_to_tensor(cotangent)
-        return lambda: keras.ops.sum(call(keras.ops.convert_to_tensor(inputs)) * weights)
+        tensors = [keras.ops.convert_to_tensor(x) for x in inputs]
+        return lambda: keras.ops.sum(call(*tensors) * weights)
 
-    got = harness.to_numpy(stack_call(inputs))
-    want = harness.to_numpy(_through_layers(lambda: stack_call(inputs)))
+    got = harness.to_numpy(stack_call(*inputs))
+    want = harness.to_numpy(_through_layers(lambda: stack_call(*inputs)))
     np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE)
     got_grads = harness.variable_gradients(loss(stack_call), variables)
     want_grads = _through_layers(lambda: harness.variable_gradients(loss(stack_call), variables))
     for variable, g, w in zip(variables, got_grads, want_grads):
         assert np.abs(w).max() > 0, variable.path  # every weight takes part
         np.testing.assert_allclose(g, w, rtol=TOLERANCE, atol=TOLERANCE, err_msg=variable.path)
-    got_input = harness.input_gradients(stack_call, [inputs], cotangent)[0]
-    want_input = _through_layers(
-        lambda: harness.input_gradients(stack_call, [inputs], cotangent)[0]
-    )
-    np.testing.assert_allclose(got_input, want_input, rtol=TOLERANCE, atol=TOLERANCE)
+    got_inputs = harness.input_gradients(stack_call, inputs, cotangent)
+    want_inputs = _through_layers(lambda: harness.input_gradients(stack_call, inputs, cotangent))
+    for g, w in zip(got_inputs, want_inputs):
+        assert np.abs(w).max() > 0  # every input takes part
+        np.testing.assert_allclose(g, w, rtol=TOLERANCE, atol=TOLERANCE)
+    return got
 
 
 @pytest.mark.parametrize(
@@ -93,7 +97,162 @@ def test_stack_pass_equals_the_layers(kwargs, causal):
     def call(inputs):
         return stack(inputs, use_causal_mask=causal, training=True)
 
-    _check_same(call, stack.trainable_variables, x)
+    _check_same(call, stack.trainable_variables, [x])
+
+
+S = 6  # encoder length
+# Padding: the second target row pads its first and last positions (a query
+# that sees no key, a key no query sees), the first source row its last
+# two; `empty_source` pads the whole second source row (cross-attention
+# sees nothing there).
+TARGET_MASK = np.array([[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]], bool)
+SOURCE_MASK = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
+
+
+def _runs_with_masks(blocks, x, causal, **masks):
+    masks = {k: keras.ops.convert_to_tensor(v) for k, v in masks.items()}
+    ran = backend.stack_forward(blocks, keras.ops.convert_to_tensor(x), causal, True, **masks)
+    return ran is not None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(use_bias=True), dict(normalize_first=True, num_key_value_heads=1)],
+    ids=["post_norm", "pre_norm_multi_query"],
+)
+def test_encoder_pass_with_padding_equals_the_layers(kwargs):
+    stack = TransformerEncoder(2, 16, 2, **kwargs)
+    stack.build((None, None, D))
+    _randomize(stack)
+    x = _normal((B, T, D), 1)
+    assert _runs_with_masks(stack.blocks, x, False, padding_mask=TARGET_MASK) == (
+        BACKEND == "torch"
+    )
+
+    def call(inputs):
+        return stack(inputs, padding_mask=TARGET_MASK, training=True)
+
+    got = _check_same(call, stack.trainable_variables, [x])
+    # The mask acted: without it the real positions read the padded ones.
+    unmasked = harness.to_numpy(stack(x))
+    assert not np.allclose(got[1, 1:4], unmasked[1, 1:4], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, source_mask",
+    [
+        (dict(use_bias=True), SOURCE_MASK),
+        (dict(normalize_first=True, num_key_value_heads=1), SOURCE_MASK),
+        (dict(use_bias=True), np.array([[1, 1, 1, 1, 0, 0], [0] * S], bool)),
+    ],
+    ids=["post_norm", "pre_norm_multi_query", "empty_source"],
+)
+def test_decoder_pass_with_cross_attention_and_padding_equals_the_layers(
+    kwargs, source_mask
+):
+    stack = TransformerDecoder(2, 16, 2, **kwargs)
+    stack.build((None, None, D), (None, None, D))
+    _randomize(stack)
+    x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
+    masks = dict(
+        padding_mask=TARGET_MASK, memory=memory, memory_mask=source_mask
+    )
+    assert _runs_with_masks(stack.blocks, x, True, **masks) == (BACKEND == "torch")
+
+    def call(inputs, encoded):
+        return stack(
+            inputs, encoded, decoder_padding_mask=TARGET_MASK,
+            encoder_padding_mask=source_mask, training=True,
+        )
+
+    got = _check_same(call, stack.trainable_variables, [x, memory])
+    # The masks acted: the outputs differ from the unmasked stack's.
+    unmasked = harness.to_numpy(stack(x, memory))
+    assert not np.allclose(got[0], unmasked[0], atol=1e-3)  # source padding
+    assert not np.allclose(got[1, 1:4], unmasked[1, 1:4], atol=1e-3)  # target padding
+
+
+def test_masks_of_all_true_are_no_masks():
+    stack = TransformerDecoder(1, 16, 2)
+    stack.build((None, None, D), (None, None, D))
+    _randomize(stack)
+    x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
+    masked = stack(
+        x, memory, decoder_padding_mask=np.ones((B, T), bool),
+        encoder_padding_mask=np.ones((B, S), bool),
+    )
+    want = _through_layers(lambda: stack(x, memory))
+    np.testing.assert_allclose(
+        harness.to_numpy(masked), harness.to_numpy(want), rtol=TOLERANCE, atol=TOLERANCE
+    )
+
+
+def _seq2seq_pair(**kwargs):
+    """Two translation models with the same weights and seeds: what one
+    draws through the pass, the other draws through the layers."""
+    models = []
+    for _ in range(2):
+        model = Seq2SeqTransformer(
+            V, V + 2, 8, 8, num_encoder_layers=2, num_decoder_layers=2, num_heads=2,
+            hidden_dim=D, intermediate_dim=16, positions="learned", seed=5, **kwargs,
+        )
+        model.build({"encoder_token_ids": (None, None), "decoder_token_ids": (None, None)})
+        _randomize(model)
+        models.append(model)
+    return models
+
+
+def _translation_inputs():
+    rng = np.random.default_rng(2)
+    source = rng.integers(1, V, size=(B, S)).astype("int32")
+    target = rng.integers(1, V + 2, size=(B, T)).astype("int32")
+    return {
+        "encoder_token_ids": np.where(SOURCE_MASK, source, 0),
+        "decoder_token_ids": np.where(TARGET_MASK, target, 0),
+    }
+
+
+@pytest.mark.parametrize(
+    "dropout, dtype, tolerance",
+    # With dropout, float32 rounding through four post-norm blocks reaches
+    # 1e-4 in gradients of 10 (float64: 1e-15): compared in float64.
+    [(0.0, "float32", TOLERANCE), (0.3, "float64", 1e-10)],
+    ids=["no_dropout", "dropout"],
+)
+def test_translation_model_through_the_pass_equals_the_layers(dropout, dtype, tolerance):
+    fast, layers = _seq2seq_pair(dropout=dropout, dtype=dtype)
+    inputs = _translation_inputs()
+    encoded, source_mask = fast.encode(inputs["encoder_token_ids"])
+    x = keras.ops.convert_to_tensor(_normal((B, T, D), 1))
+    assert (
+        backend.stack_forward(fast.encoder.blocks, encoded, False, False, source_mask)
+        is not None
+    ) == (BACKEND == "torch")
+    assert (
+        backend.stack_forward(
+            fast.decoder.blocks, x, True, False, keras.ops.convert_to_tensor(TARGET_MASK),
+            encoded, source_mask,
+        )
+        is not None
+    ) == (BACKEND == "torch")
+    cotangent = keras.ops.convert_to_tensor(_normal((B, T, V + 2), 4).astype(dtype))
+    got = harness.to_numpy(fast(inputs, training=True))
+    want = harness.to_numpy(_through_layers(lambda: layers(inputs, training=True)))
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    if dropout:  # dropout did act: training differs from inference
+        assert not np.allclose(got, harness.to_numpy(fast(inputs)), atol=1e-3)
+    got_grads = harness.variable_gradients(
+        lambda: keras.ops.sum(fast(inputs, training=True) * cotangent),
+        fast.trainable_variables,
+    )
+    want_grads = _through_layers(
+        lambda: harness.variable_gradients(
+            lambda: keras.ops.sum(layers(inputs, training=True) * cotangent),
+            layers.trainable_variables,
+        )
+    )
+    for variable, g, w in zip(fast.trainable_variables, got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=variable.path)
 
 
 def test_gpt_pass_equals_the_layers():
@@ -222,10 +381,21 @@ def test_dropout_in_the_stack_draws_what_the_layers_draw():
 
 def test_options_the_pass_does_not_compute_go_to_the_layers():
     assert _runs_outside(_stack()) == (BACKEND == "torch")
+    # A block with cross-attention called without an encoder output, or one
+    # without called with it: the layers raise.
     cross = TransformerDecoderBlock(16, 2)
-    cross.build((None, None, D), (None, None, D))  # with cross-attention
+    cross.build((None, None, D), (None, None, D))
     x = keras.ops.convert_to_tensor(_normal((B, T, D), 1))
+    memory = keras.ops.convert_to_tensor(_normal((B, S, D), 2))
     assert backend.stack_forward([cross], x, True, False) is None
+    plain = _stack().blocks
+    assert backend.stack_forward(plain, x, True, False, memory=memory) is None
+    assert (backend.stack_forward([cross], x, True, False, memory=memory) is not None) == (
+        BACKEND == "torch"
+    )
+    # The cross-attention's explicit kernel asked for.
+    cross.cross_attention.fused = False
+    assert backend.stack_forward([cross], x, True, False, memory=memory) is None
     for kwargs in (dict(use_rotary_embedding=True), dict(normalization="rms_norm")):
         assert not _runs_outside(_stack(**kwargs)), kwargs
     stack = _stack()
@@ -266,3 +436,23 @@ def test_a_non_finite_input_keeps_the_layers_rules():
     np.testing.assert_allclose(dirty[0, :2], clean[0, :2], rtol=TOLERANCE, atol=TOLERANCE)
     assert np.isnan(dirty[0, 2:]).all()
     np.testing.assert_allclose(dirty[1], clean[1], rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_a_non_finite_padded_memory_position_reaches_nothing():
+    # The pass sees NaN in its output (0 times NaN in the kernel) and gives
+    # None; the layers leave a padded position out entirely.
+    stack = TransformerDecoder(2, 16, 2)
+    stack.build((None, None, D), (None, None, D))
+    _randomize(stack)
+    x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
+    poisoned = memory.copy()
+    poisoned[0, 5, 0] = np.nan  # padded in SOURCE_MASK
+    masks = dict(padding_mask=TARGET_MASK, memory=poisoned, memory_mask=SOURCE_MASK)
+    assert not _runs_with_masks(stack.blocks, x, True, **masks)
+
+    def call(encoded):
+        return harness.to_numpy(
+            stack(x, encoded, decoder_padding_mask=TARGET_MASK, encoder_padding_mask=SOURCE_MASK)
+        )
+
+    np.testing.assert_allclose(call(poisoned), call(memory), rtol=TOLERANCE, atol=TOLERANCE)
