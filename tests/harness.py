@@ -221,15 +221,25 @@ def run_layer_test(
 
 def load_module(path, name):
     """Imports the file `path` (an example's module) as a module `name`;
-    its folder is importable while it loads (for its sibling modules)."""
-    folder = str(pathlib.Path(path).parent)
-    sys.path.insert(0, folder)
+    its folder is importable while it loads (for its sibling modules).
+
+    Examples name their siblings alike (`data`, `train`): a sibling another
+    example imported earlier in this process is set aside while this one
+    loads, so `import data` finds this folder's, and each example's
+    siblings stay its own afterwards."""
+    folder = pathlib.Path(path).parent
+    siblings = {p.stem for p in folder.glob("*.py")}
+    set_aside = {n: sys.modules.pop(n) for n in siblings if n in sys.modules}
+    sys.path.insert(0, str(folder))
     try:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(folder)
+        sys.path.remove(str(folder))
+        for sibling in siblings:
+            sys.modules.pop(sibling, None)
+        sys.modules.update(set_aside)
     return module
 
 

@@ -23,12 +23,14 @@ rules (kernels cast to the compute dtype, layer norm in float32).
 
 The same holds for a whole sequence in training: a step of that preset's
 `fit` spent about 19 ms in the forward pass through the layers against
-about 10 ms for the same arithmetic in torch (nanoGPT's forward). A
-decoder-only stack without masks or caches (`stack_forward`), and a GPT's
-whole forward pass (`decoder_forward`), run as torch operations on the
-layers' weights, which autograd differentiates as it does the layers'
-operations, with dropout drawn from the layers' seed generators; anything
-else goes to the layers.
+about 10 ms for the same arithmetic in torch (nanoGPT's forward). An
+encoder or decoder stack with padding masks at most and, for a decoder,
+cross-attention over an encoder output (`stack_forward`: the translation
+model's and BERT's stacks), and a GPT's whole forward pass
+(`decoder_forward`), run as torch operations on the layers' weights, which
+autograd differentiates as it does the layers' operations, with dropout
+drawn from the layers' seed generators; anything else (attention masks,
+caches, recording) goes to the layers.
 
 Shape legend: `B` batch, `D` width, `H` query heads, `G` key/value heads,
 `K` head size, `S` encoder length, `V` vocabulary size, `L` cache length,
