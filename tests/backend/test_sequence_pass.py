@@ -101,10 +101,11 @@ def test_stack_pass_equals_the_layers(kwargs, causal):
 
 
 S = 6  # encoder length
-# Padding: the second target row pads its first and last positions (a query
-# that sees no key, a key no query sees), the first source row its last
-# two; `empty_source` pads the whole second source row (cross-attention
-# sees nothing there).
+# Padding: the second target row pads its first and last positions (a
+# padded query sees no key, and no query sees a padded key: position 0 is
+# one every later query would see), the first source row its last two;
+# `empty_source` pads the whole second source row (cross-attention sees
+# nothing there).
 TARGET_MASK = np.array([[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]], bool)
 SOURCE_MASK = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
 
