@@ -89,24 +89,28 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
         )
         if output_positions is not None:
             output_positions = check_positions(output_positions, inputs)
+        x, start = inputs, 0
         if (
             attention_mask is None
-            and output_positions is None
             and not return_attention_scores
             and not kernels.is_recording()
+            # With output positions the last block goes through its layer,
+            # which also gives the rows of an input's Keras mask: none here.
+            and (output_positions is None or masking.implicit_mask(inputs) is None)
         ):
             # The backend's own pass where it has one (torch: the layers'
-            # call machinery is most of an eager step at small sizes).
-            output = backend.stack_forward(
-                self.blocks, inputs, False, training, padding_mask=padding_mask
-            )
+            # call machinery is most of an eager step at small sizes), over
+            # every block that computes all rows.
+            passed = self.blocks if output_positions is None else self.blocks[:-1]
+            output = None
+            if passed:
+                output = backend.stack_forward(
+                    passed, inputs, False, training, padding_mask=padding_mask
+                )
             if output is not None:
-                if self.output_layer_norm is not None:
-                    output = self.output_layer_norm(output)
-                return output
-        x = inputs
+                x, start = output, len(passed)
         weights = []
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.blocks[start:], start):
             last = i == len(self.blocks) - 1
             x, *extra = as_tuple(
                 block(

@@ -19,6 +19,7 @@ from keras_attention import kernels
 from keras_attention.layers import TransformerDecoder
 from keras_attention.layers import TransformerDecoderBlock
 from keras_attention.layers import TransformerEncoder
+from keras_attention.models import BertMaskedLM
 from keras_attention.models import GPT
 from keras_attention.models import Seq2SeqTransformer
 
@@ -242,6 +243,52 @@ def test_translation_model_through_the_pass_equals_the_layers(dropout, dtype, to
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
     if dropout:  # dropout did act: training differs from inference
         assert not np.allclose(got, harness.to_numpy(fast(inputs)), atol=1e-3)
+    got_grads = harness.variable_gradients(
+        lambda: keras.ops.sum(fast(inputs, training=True) * cotangent),
+        fast.trainable_variables,
+    )
+    want_grads = _through_layers(
+        lambda: harness.variable_gradients(
+            lambda: keras.ops.sum(layers(inputs, training=True) * cotangent),
+            layers.trainable_variables,
+        )
+    )
+    for variable, g, w in zip(fast.trainable_variables, got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=variable.path)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["no_dropout", "dropout"])
+def test_masked_lm_through_the_pass_equals_the_layers(dropout):
+    # The blocks before the last through the pass; the last, which computes
+    # the mask positions' rows only (`output_positions`), through its layer.
+    models = []
+    for _ in range(2):
+        model = BertMaskedLM(
+            V, 3, 2, D, 16, dropout=dropout, max_sequence_length=8, seed=5,
+            dtype="float64" if dropout else "float32",
+        )
+        model.build({
+            "token_ids": (None, None), "padding_mask": (None, None),
+            "mask_positions": (None, None),
+        })
+        _randomize(model)
+        models.append(model)
+    fast, layers = models
+    rng = np.random.default_rng(2)
+    inputs = {
+        "token_ids": np.where(TARGET_MASK, rng.integers(1, V, size=(B, T)), 0).astype("int32"),
+        "padding_mask": TARGET_MASK,
+        "mask_positions": np.array([[1, 3], [2, 3]], "int32"),
+    }
+    blocks = fast.encoder.encoder.blocks
+    x = keras.ops.convert_to_tensor(_normal((B, T, D), 1).astype(fast.compute_dtype))
+    ran = backend.stack_forward(blocks[:-1], x, False, False, TARGET_MASK)
+    assert (ran is not None) == (BACKEND == "torch")
+    tolerance = 1e-10 if dropout else TOLERANCE
+    got = harness.to_numpy(fast(inputs, training=True))
+    want = harness.to_numpy(_through_layers(lambda: layers(inputs, training=True)))
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    cotangent = keras.ops.convert_to_tensor(_normal(got.shape, 4).astype(fast.compute_dtype))
     got_grads = harness.variable_gradients(
         lambda: keras.ops.sum(fast(inputs, training=True) * cotangent),
         fast.trainable_variables,
