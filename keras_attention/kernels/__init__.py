@@ -32,7 +32,9 @@ from keras_attention.kernels import explicit
 from keras_attention.kernels import fused as fused_kernels
 from keras_attention.kernels.choice import choose_kernel
 from keras_attention.kernels.choice import takes_fused
+from keras_attention.kernels.recording import is_observed
 from keras_attention.kernels.recording import is_recording
+from keras_attention.kernels.recording import is_tracing
 from keras_attention.kernels.recording import record
 from keras_attention.kernels.recording import recording
 from keras_attention.kernels.recording import trace
@@ -166,7 +168,9 @@ __all__ = [
     "as_rank4",
     "attention",
     "choose_kernel",
+    "is_observed",
     "is_recording",
+    "is_tracing",
     "recording",
     "takes_fused",
     "tracing",

@@ -117,7 +117,7 @@ class TransformerDecoder(TransformerStack):
             and decoder_attention_mask is None
             and encoder_attention_mask is None
             and not return_attention_scores
-            and not kernels.is_recording()
+            and not kernels.is_observed()
         ):
             # The stack on whole sequences, padding masks at most: the
             # backend's own pass where it has one (torch: the layers' call

@@ -93,7 +93,7 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
         if (
             attention_mask is None
             and not return_attention_scores
-            and not kernels.is_recording()
+            and not kernels.is_observed()
             # With output positions the last block goes through its layer,
             # which also gives the rows of an input's Keras mask: none here.
             and (output_positions is None or masking.implicit_mask(inputs) is None)

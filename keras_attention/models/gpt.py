@@ -193,7 +193,7 @@ class GPT(layouts.TensorParallel, keras.Model):
         return super().__call__(token_ids, *args, **kwargs)
 
     def call(self, token_ids, padding_mask=None, training=None):
-        if padding_mask is None and not kernels.is_recording():
+        if padding_mask is None and not kernels.is_observed():
             logits = backend.decoder_forward(
                 self.embedding,
                 self.decoder.blocks,

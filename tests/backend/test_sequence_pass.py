@@ -504,3 +504,21 @@ def test_a_non_finite_padded_memory_position_reaches_nothing():
         )
 
     np.testing.assert_allclose(call(poisoned), call(memory), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_a_tracing_sees_every_attention_call():
+    # The passes stand aside while a tracing is open: each attention layer
+    # calls the core, which names its kernel.
+    encoder = TransformerEncoder(2, 16, 2)
+    encoder.build((None, None, D))
+    decoder = TransformerDecoder(2, 16, 2)
+    decoder.build((None, None, D), (None, None, D))
+    x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
+    with kernels.tracing() as taken:
+        encoder(x, padding_mask=TARGET_MASK)
+        decoder(x, memory, encoder_padding_mask=SOURCE_MASK)
+    owners = [owner for owner, _ in taken]
+    want = [b.self_attention for b in encoder.blocks]
+    for block in decoder.blocks:
+        want += [block.self_attention, block.cross_attention]
+    assert owners == want
