@@ -214,6 +214,28 @@ def _translation_inputs():
     }
 
 
+def _check_model_pair(fast, layers, inputs, tolerance, dropout):
+    """A training call of `fast` against the same call of `layers` (same
+    weights and seeds) through the layers: outputs and weight gradients.
+    Returns the output."""
+    got = harness.to_numpy(fast(inputs, training=True))
+    want = harness.to_numpy(_through_layers(lambda: layers(inputs, training=True)))
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    if dropout:  # dropout did act: training differs from inference
+        assert not np.allclose(got, harness.to_numpy(fast(inputs)), atol=1e-3)
+    cotangent = keras.ops.convert_to_tensor(_normal(got.shape, 4).astype(fast.compute_dtype))
+
+    def loss(model):
+        return lambda: keras.ops.sum(model(inputs, training=True) * cotangent)
+
+    got_grads = harness.variable_gradients(loss(fast), fast.trainable_variables)
+    want_grads = _through_layers(
+        lambda: harness.variable_gradients(loss(layers), layers.trainable_variables)
+    )
+    for variable, g, w in zip(fast.trainable_variables, got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=variable.path)
+
+
 @pytest.mark.parametrize(
     "dropout, dtype, tolerance",
     # With dropout, float32 rounding through four post-norm blocks reaches
@@ -237,24 +259,7 @@ def test_translation_model_through_the_pass_equals_the_layers(dropout, dtype, to
         )
         is not None
     ) == (BACKEND == "torch")
-    cotangent = keras.ops.convert_to_tensor(_normal((B, T, V + 2), 4).astype(dtype))
-    got = harness.to_numpy(fast(inputs, training=True))
-    want = harness.to_numpy(_through_layers(lambda: layers(inputs, training=True)))
-    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
-    if dropout:  # dropout did act: training differs from inference
-        assert not np.allclose(got, harness.to_numpy(fast(inputs)), atol=1e-3)
-    got_grads = harness.variable_gradients(
-        lambda: keras.ops.sum(fast(inputs, training=True) * cotangent),
-        fast.trainable_variables,
-    )
-    want_grads = _through_layers(
-        lambda: harness.variable_gradients(
-            lambda: keras.ops.sum(layers(inputs, training=True) * cotangent),
-            layers.trainable_variables,
-        )
-    )
-    for variable, g, w in zip(fast.trainable_variables, got_grads, want_grads):
-        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=variable.path)
+    _check_model_pair(fast, layers, inputs, tolerance, dropout)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["no_dropout", "dropout"])
@@ -284,23 +289,7 @@ def test_masked_lm_through_the_pass_equals_the_layers(dropout):
     x = keras.ops.convert_to_tensor(_normal((B, T, D), 1).astype(fast.compute_dtype))
     ran = backend.stack_forward(blocks[:-1], x, False, False, TARGET_MASK)
     assert (ran is not None) == (BACKEND == "torch")
-    tolerance = 1e-10 if dropout else TOLERANCE
-    got = harness.to_numpy(fast(inputs, training=True))
-    want = harness.to_numpy(_through_layers(lambda: layers(inputs, training=True)))
-    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
-    cotangent = keras.ops.convert_to_tensor(_normal(got.shape, 4).astype(fast.compute_dtype))
-    got_grads = harness.variable_gradients(
-        lambda: keras.ops.sum(fast(inputs, training=True) * cotangent),
-        fast.trainable_variables,
-    )
-    want_grads = _through_layers(
-        lambda: harness.variable_gradients(
-            lambda: keras.ops.sum(layers(inputs, training=True) * cotangent),
-            layers.trainable_variables,
-        )
-    )
-    for variable, g, w in zip(fast.trainable_variables, got_grads, want_grads):
-        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=variable.path)
+    _check_model_pair(fast, layers, inputs, 1e-10 if dropout else TOLERANCE, dropout)
 
 
 def test_gpt_pass_equals_the_layers():
