@@ -143,28 +143,28 @@ def attention_allowed(attention):
     )
 
 
-def _cross_attention(block):
+def cross_attention(block):
     """A decoder block's cross-attention layer; None for an encoder block."""
     return getattr(block, "cross_attention", None)
 
 
 def _attentions(block):
     attentions = [block.self_attention]
-    if _cross_attention(block) is not None:
+    if cross_attention(block) is not None:
         attentions.append(block.cross_attention)
     return attentions
 
 
 def _norms(block):
     norms = [block.self_attention_layer_norm, block.feedforward_layer_norm]
-    if _cross_attention(block) is not None:
+    if cross_attention(block) is not None:
         norms.append(block.cross_attention_layer_norm)
     return norms
 
 
 def _options_allowed(block):
     """The options of the block and its layers, weights aside."""
-    if _cross_attention(block) is not None and not _attention_options_allowed(
+    if cross_attention(block) is not None and not _attention_options_allowed(
         block.cross_attention
     ):
         return False
@@ -242,7 +242,7 @@ def dropout_drawn_as_the_layers(block):
         block.feedforward_residual_dropout,
         block.feedforward.dropout_layer,
     ]
-    if _cross_attention(block) is not None:
+    if cross_attention(block) is not None:
         dropouts.append(block.cross_attention_residual_dropout)
     return all(own_dropout(layer) for layer in dropouts)
 

@@ -357,15 +357,15 @@ def stack_forward(
     """
     if torch.compiler.is_compiling() or x.device.type == "meta":
         return None
-    if not all(_sequence_allowed(block, training) for block in blocks):
+    if not blocks or not all(_sequence_allowed(block, training) for block in blocks):
         return None
-    if any((getattr(b, "cross_attention", None) is None) != (memory is None) for b in blocks):
+    if any((allow_lists.cross_attention(b) is None) != (memory is None) for b in blocks):
         return None  # the layers raise: a cross-attention without its memory, or the reverse
     causal = bool(use_causal_mask)
-    mask = _padding_attention_mask(padding_mask, padding_mask, causal)  # (B, 1, T, T)
+    mask = _padding_attention_mask(padding_mask, causal, padded_queries=True)  # (B, 1, T, T)
     if memory is not None:
         memory = memory.to(_torch_dtype(blocks[0]))
-        memory_mask = _padding_attention_mask(None, memory_mask, False)  # (B, 1, 1, S)
+        memory_mask = _padding_attention_mask(memory_mask, False, padded_queries=False)
     for block in blocks:
         x = _BlockStep(block).sequence(
             x.to(_torch_dtype(block)), causal, bool(training), mask, memory, memory_mask
@@ -375,23 +375,23 @@ def stack_forward(
     return x
 
 
-def _padding_attention_mask(query_mask, key_mask, causal):
-    """`(B, 1, T|1, S)` booleans, True where a query sees a key: padding
-    masks `(B, T)` and `(B, S)` (or None), and causality when `causal`
-    (with a query mask); None when every query sees every key it may (all
-    True: the kernel's causal flag covers causality)."""
-    if key_mask is None:
+def _padding_attention_mask(padding_mask, causal, padded_queries):
+    """`(B, 1, T, S)` booleans (`(B, 1, 1, S)` without `padded_queries`),
+    True where a query sees a key, from a padding mask `(B, S)` (or None):
+    padded keys are seen by no query; with `padded_queries` (self-attention)
+    a padded query sees nothing, and `causal` adds causality. None when
+    nothing is padded (the kernel's causal flag covers causality)."""
+    if padding_mask is None:
         return None
-    key_mask = ops.convert_to_tensor(key_mask).bool()
-    query_mask = None if query_mask is None else ops.convert_to_tensor(query_mask).bool()
-    if bool(key_mask.all()) and (query_mask is None or bool(query_mask.all())):
+    padding_mask = ops.convert_to_tensor(padding_mask).bool()
+    if bool(padding_mask.all()):
         return None
-    mask = key_mask[:, None, None, :]  # (B, 1, 1, S)
-    if query_mask is not None:
-        mask = mask & query_mask[:, None, :, None]  # (B, 1, T, S)
-    if causal:
-        length = mask.shape[-1]
-        mask = mask & torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    mask = padding_mask[:, None, None, :]  # (B, 1, 1, S)
+    if padded_queries:
+        mask = mask & padding_mask[:, None, :, None]  # (B, 1, T, S)
+        if causal:
+            length = mask.shape[-1]
+            mask = mask & torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
     return mask
 
 
@@ -467,10 +467,7 @@ class _AttentionWeights:
                 None if biases[0] is None else torch.cat(biases),
             )
         self.query = (matrices[0].T, biases[0])
-        # Cross-attention over a whole memory: one GEMM for k and v.
-        self.key_kernel, self.value_kernel = matrices[1:]
-        self.key_bias, self.value_bias = biases[1:]
-        self.key_value = None
+        self._key_value_parts = (matrices[1:], biases[1:])
         output = attention.output_dense
         self.output = (
             _weight(output.kernel, dtype).reshape(-1, output.kernel.shape[-1]).T,
@@ -495,16 +492,19 @@ class _AttentionWeights:
         """Cross-attention of `h` `(B, T, D)` over `memory` `(B, S, D)` ->
         `(B, T, D)`, `mask` (None or boolean `(B, 1, 1, S)`) the memory
         positions every query sees."""
-        if self.key_value is None:  # made at the first call: decoding never reads it
-            kernels = [self.key_kernel, self.value_kernel]
-            biases = [self.key_bias, self.value_bias]
-            self.key_value = (
-                torch.cat(kernels, dim=1).T,
-                None if biases[0] is None else torch.cat(biases),
-            )
         k, v = torch.split(_linear(memory, *self.key_value), self.splits[1:], dim=-1)
         q = _linear(h, *self.query)
         return self._attend_heads(q, k, v, False, mask, dropout_rate, seed)
+
+    @functools.cached_property
+    def key_value(self):
+        """One `(2 widths, D)` weight for a memory's keys and values, and its
+        bias: made when first read (decoding reads the cross caches)."""
+        kernels, biases = self._key_value_parts
+        return (
+            torch.cat(kernels, dim=1).T,
+            None if biases[0] is None else torch.cat(biases),
+        )
 
     def _attend_heads(self, q, k, v, causal, mask, dropout_rate, seed):
         """Projected `q` `(B, T, H K)`, `k`, `v` `(B, S, G K)` -> the output
@@ -589,7 +589,7 @@ class _BlockStep:
         self.self_attention = _AttentionWeights(block.self_attention, dtype, True)
         self.norm1 = _norm_weights(block.self_attention_layer_norm)
         self.cross_attention = None
-        if getattr(block, "cross_attention", None) is not None:  # encoders have none
+        if allow_lists.cross_attention(block) is not None:
             self.cross_attention = _AttentionWeights(block.cross_attention, dtype, False)
             self.norm_cross = _norm_weights(block.cross_attention_layer_norm)
         feedforward = block.feedforward

@@ -102,11 +102,9 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
             # call machinery is most of an eager step at small sizes), over
             # every block that computes all rows.
             passed = self.blocks if output_positions is None else self.blocks[:-1]
-            output = None
-            if passed:
-                output = backend.stack_forward(
-                    passed, inputs, False, training, padding_mask=padding_mask
-                )
+            output = backend.stack_forward(
+                passed, inputs, False, training, padding_mask=padding_mask
+            )
             if output is not None:
                 x, start = output, len(passed)
         weights = []
