@@ -220,10 +220,10 @@ def stack_forward(
     layers). Differentiable as the layers are, with dropout drawn as the
     layers draw it. On torch, where Keras runs a model eagerly and a
     layer's call costs more than its arithmetic at small sizes, the blocks'
-    arithmetic in plain torch; None where a block's options are off the
-    allow-list (`allow_lists.sequence_options_allowed`), its call would add
-    to its arithmetic, the output is not finite, or on a backend that
-    compiles its steps (TensorFlow, JAX: nothing to spare).
+    arithmetic in plain torch; None for an empty `blocks`, where a block's
+    options are off the allow-list (`allow_lists.sequence_options_allowed`),
+    its call would add to its arithmetic, the output is not finite, or on a
+    backend that compiles its steps (TensorFlow, JAX: nothing to spare).
     """
     return current().stack_forward(
         blocks, x, use_causal_mask, training, padding_mask, memory, memory_mask
