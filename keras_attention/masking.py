@@ -18,6 +18,7 @@ masks, explicit attention mask and causal flag into one attention mask through
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention import _validation
@@ -158,7 +159,35 @@ def standardize_mask(mask, name="mask", ranks=(2, 3, 4)):
         return None
     if not hasattr(mask, "dtype") or not hasattr(mask, "shape"):
         mask = ops.convert_to_tensor(mask)
-    dtype = keras.backend.standardize_dtype(mask.dtype)
+    dtype = _check_mask(mask, name, ranks)
+    if dtype != "bool":
+        mask = ops.not_equal(mask, 0)
+    return mask
+
+
+def standardize_numpy_mask(mask, name, shape):
+    """`standardize_mask` for a mask whose value is known now (a numpy array,
+    an eager tensor) that must have `shape`: a boolean numpy array. A numpy
+    mask is checked without a round through the backend: `generate` takes
+    this path on every call."""
+    mask = _validation.to_numpy(mask)
+    dtype = _check_mask(mask, name, (len(shape),))
+    if mask.shape != tuple(shape):
+        raise ValueError(
+            f"`{name}` must have shape {tuple(shape)}. Received: {name} with shape "
+            f"{mask.shape}"
+        )
+    return mask if dtype == "bool" else mask != 0
+
+
+def _check_mask(mask, name, ranks):
+    """Raises for a float mask or a rank not in `ranks`; returns the dtype."""
+    if isinstance(mask.dtype, np.dtype):
+        # `kind` first: a numpy dtype's `name` is computed in Python, and
+        # cold it took as long as a reduction over the mask.
+        dtype = "bool" if mask.dtype.kind == "b" else mask.dtype.name
+    else:
+        dtype = keras.backend.standardize_dtype(mask.dtype)
     if "float" in dtype or "complex" in dtype:
         raise TypeError(
             f"`{name}` must be a boolean or integer mask (True or nonzero = "
@@ -172,9 +201,7 @@ def standardize_mask(mask, name="mask", ranks=(2, 3, 4)):
             f"`{name}` must have rank {' or '.join(str(r) for r in ranks)}. "
             f"Received: {name} with shape {tuple(mask.shape)} (rank {rank})"
         )
-    if dtype != "bool":
-        mask = ops.not_equal(mask, 0)
-    return mask
+    return dtype
 
 
 def merge_masks(*masks):

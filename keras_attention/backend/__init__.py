@@ -164,7 +164,8 @@ def stateless_uniform(like, seed, step):
 
 
 def compile_decoding(loop, variables, fast_step=None, own_caches=False):
-    """A decoding loop made into the backend's fastest callable.
+    """A decoding loop made into the backend's fastest callable, which
+    returns the loop's outputs as tensors or (on JAX) numpy arrays.
 
     Args:
         loop: `loop(*args, step=None)`, written in `keras.ops`; `step=None`

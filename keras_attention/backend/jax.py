@@ -28,6 +28,8 @@ import jax
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common.stateless_scope import in_stateless_scope
+from keras.src.backend.common.variables import get_autocast_scope
 
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
@@ -119,7 +121,14 @@ def compile_decoding(loop, variables, fast_step=None, own_caches=False):
     jitted = jax.jit(stateless, compiler_options=options)
 
     def function(*args):
-        return jitted(_values(variables), *args)
+        # numpy out (writable copies; `np.array` also waits for the
+        # asynchronous dispatch), without the checks of Keras's conversion:
+        # in a short translation every step of Python before and after the
+        # compiled call runs with cold caches (benchmarks/README.md).
+        outputs = jitted(_values(variables), *args)
+        if isinstance(outputs, tuple):
+            return tuple(np.array(output) for output in outputs)
+        return np.array(outputs)
 
     return function
 
@@ -157,9 +166,6 @@ def _values(variables):
     its per-variable scope lookups: about 0.25 ms a call for the 91
     variables of benchmarks/seq2seq_speed.py's model, 7% of a 32-token
     translation."""
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-    from keras.src.backend.common.variables import get_autocast_scope
-
     if in_stateless_scope() or get_autocast_scope() is not None:
         return [v.value for v in variables]
     try:

@@ -78,11 +78,9 @@ def check_sampling(sampling, temperature, top_k, top_p):
 
 
 def prompt_lengths(prompt, prompt_padding_mask):
-    """Each row's prompt length `(B,)`: all of it, or the mask's True prefix."""
+    """Each row's prompt length `(B,)`, the mask's True prefix."""
     batch, prompt_length = prompt.shape
-    if prompt_padding_mask is None:
-        return np.full((batch,), prompt_length)
-    mask = np.asarray(keras.ops.convert_to_numpy(prompt_padding_mask)).astype(bool)
+    mask = _validation.to_numpy(prompt_padding_mask).astype(bool)
     lengths = mask.sum(axis=1)
     if (
         mask.shape != prompt.shape
@@ -297,10 +295,12 @@ class Generator:
                     "`stop_token_ids` and `pad_token_id` must be ids in "
                     f"[0, {self.vocabulary_size}). Received: {token}"
                 )
-        lengths = prompt_lengths(prompt, prompt_padding_mask)
         seed = _validation.check_seed("seed", seed, maximum=SEED_LIMIT)
-
-        start = int(lengths.min())
+        # Rows of different lengths (ragged prompts) pass their lengths;
+        # otherwise the loop makes them (one array fewer to convert).
+        ragged = prompt_padding_mask is not None
+        lengths = (prompt_lengths(prompt, prompt_padding_mask).astype("int32"),) if ragged else ()
+        start = int(lengths[0].min()) if ragged else prompt.shape[1]  # the shortest prompt
         options = dict(
             sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
             start=start, with_scores=bool(return_scores),
@@ -315,7 +315,11 @@ class Generator:
             top_p = 1.0 if top_p is None else top_p
             noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
 
-        def loop(prompt, lengths, *arguments, step=None):
+        def loop(prompt, *arguments, step=None):
+            if ragged:
+                lengths, *arguments = arguments
+            else:
+                lengths = ops.full((prompt.shape[0],), prompt.shape[1], "int32")
             # Greedy decoding reads none of the three: plain numbers stand in.
             seed, temperature, top_p = arguments[: len(noise)] or (0, 1.0, 1.0)
             context = arguments[len(noise):]
@@ -335,11 +339,10 @@ class Generator:
                 vocabulary_size=self.vocabulary_size, **options,
             )
 
-        key = ("sample", total) + tuple(sorted(options.items()))
+        key = ("sample", total, ragged) + tuple(sorted(options.items()))
         cache_maker = "empty_caches" if start == 1 else None
         outputs = self._function(key, loop, cache_maker)(
-            prompt.astype("int32", copy=False), lengths.astype("int32", copy=False),
-            *noise, *context,
+            prompt.astype("int32", copy=False), *lengths, *noise, *context
         )
         if not return_scores:
             return _to_numpy(outputs, "int32")
@@ -431,5 +434,5 @@ class Generator:
 
 
 def _to_numpy(x, dtype=None):
-    x = np.asarray(keras.ops.convert_to_numpy(x))
-    return x if dtype is None else x.astype(dtype)
+    x = _validation.to_numpy(x)
+    return x if dtype is None else x.astype(dtype, copy=False)

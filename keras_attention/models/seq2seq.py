@@ -467,7 +467,7 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             `return_scores`, also float32 scores `(B,)` (or `(B,
             num_return_sequences)`).
         """
-        source = np.asarray(keras.ops.convert_to_numpy(encoder_token_ids))
+        source = _validation.to_numpy(encoder_token_ids)
         if source.ndim != 2 or source.shape[1] == 0:
             raise ValueError(
                 "`encoder_token_ids` must have shape (batch, length) with "
@@ -478,9 +478,11 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             self.source_vocabulary_size, self.max_source_length, "max_source_length",
         )
         max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
-        if encoder_padding_mask is not None:
-            encoder_padding_mask = masking.standardize_mask(
-                encoder_padding_mask, "encoder_padding_mask", ranks=(2,)
+        if encoder_padding_mask is None:
+            mask = source != self.pad_token_id
+        else:
+            mask = masking.standardize_numpy_mask(
+                encoder_padding_mask, "encoder_padding_mask", source.shape
             )
         if sampling not in SAMPLING:
             raise ValueError(f"`sampling` must be one of {SAMPLING}. Received: sampling={sampling!r}")
@@ -502,16 +504,7 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         start_token_id = generator.check_token("start_token_id", start_token_id)
         if end_token_id is not None:
             end_token_id = generator.check_token("end_token_id", end_token_id)
-        if encoder_padding_mask is None:
-            mask = source != self.pad_token_id
-        else:
-            mask = np.asarray(keras.ops.convert_to_numpy(encoder_padding_mask)).astype(bool)
-            if mask.shape != source.shape:
-                raise ValueError(
-                    "`encoder_padding_mask` must have the shape of `encoder_token_ids` "
-                    f"{source.shape}. Received: encoder_padding_mask with shape {mask.shape}"
-                )
-        context = (source.astype("int32"), mask)
+        context = (source.astype("int32", copy=False), mask)
         batch = source.shape[0]
         if sampling == "beam":
             sequences, scores = generator.beam_search(

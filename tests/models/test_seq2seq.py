@@ -407,3 +407,45 @@ def test_generate_rejects_bad_sources(model):
         model.generate(np.array([[SOURCE_V]]), 3, start_token_id=START)
     with pytest.raises(ValueError, match=r"`encoder_token_ids` is longer than max_source_length=12"):
         model.generate(np.ones((1, MAX_S + 1), "int32"), 3, start_token_id=START)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "int8"])
+def test_generate_rejects_negative_ids_of_every_width(model, dtype):
+    # The range check reads signed ids as unsigned: a negative id must still
+    # be caught (and named), whatever the width.
+    source = np.array([[4, -1, 6]], dtype)
+    with pytest.raises(ValueError, match=r"`encoder_token_ids` must hold ids in \[0, 13\)\. Received: an id -1"):
+        model.generate(source, 2, start_token_id=START)
+
+
+def test_generate_takes_unsigned_and_strided_sources(model):
+    source = _sources()
+    expected = model.generate(source, 3, start_token_id=START)
+    np.testing.assert_array_equal(model.generate(source.astype("uint16"), 3, start_token_id=START), expected)
+    wide = np.repeat(source, 2, axis=1)[:, ::2]  # a view with strides, the same ids
+    np.testing.assert_array_equal(model.generate(wide, 3, start_token_id=START), expected)
+
+
+def test_generate_checks_the_source_mask(model):
+    source = _sources()
+    mask = source != PAD
+    expected = model.generate(source, 3, start_token_id=START, encoder_padding_mask=mask)
+    for given in (mask.astype("int32"), keras.ops.convert_to_tensor(mask)):
+        np.testing.assert_array_equal(
+            model.generate(source, 3, start_token_id=START, encoder_padding_mask=given), expected
+        )
+    with pytest.raises(TypeError, match=r"`encoder_padding_mask` must be a boolean or integer mask.*float32"):
+        model.generate(source, 3, start_token_id=START, encoder_padding_mask=mask.astype("float32"))
+    with pytest.raises(ValueError, match=r"`encoder_padding_mask` must have shape \(2, 6\)\. Received: encoder_padding_mask with shape \(2, 5\)"):
+        model.generate(source, 3, start_token_id=START, encoder_padding_mask=mask[:, :5])
+    with pytest.raises(ValueError, match=r"`encoder_padding_mask` must have rank 2"):
+        model.generate(source, 3, start_token_id=START, encoder_padding_mask=mask[0])
+
+
+def test_generate_returns_writable_int32_numpy(model):
+    for out in (
+        model.generate(_sources(), 3, start_token_id=START),
+        model.generate(_sources(), 3, start_token_id=START, sampling="beam", num_beams=2),
+    ):
+        assert isinstance(out, np.ndarray) and out.dtype == np.int32
+        out[0, 0] = PAD  # the caller's to change
