@@ -163,7 +163,7 @@ def stateless_uniform(like, seed, step):
     return current().stateless_uniform(like, seed, step)
 
 
-def compile_decoding(loop, variables, fast_step=None, own_caches=False):
+def compile_decoding(loop, variables, fast_step=None):
     """A decoding loop made into the backend's fastest callable, which
     returns the loop's outputs as tensors or (on JAX) numpy arrays.
 
@@ -175,12 +175,8 @@ def compile_decoding(loop, variables, fast_step=None, own_caches=False):
             step outside the layers (`decoder_step`, `block_step`) or None,
             asked once per call (inside the trace where the loop compiles)
             so that it sees the current weights.
-        own_caches: whether the loop runs the fast step on caches of its
-            own layout (a translation's grouped step, `compiled_steps`),
-            where no attention takes the block-diagonal matmuls: on JAX on a
-            CPU such a loop compiles with XLA's own kernels.
     """
-    return current().compile_decoding(loop, variables, fast_step, own_caches=own_caches)
+    return current().compile_decoding(loop, variables, fast_step)
 
 
 def decoder_step(embedding, blocks, final_norm):

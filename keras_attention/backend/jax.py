@@ -22,8 +22,6 @@ test's programs: 82 collective permutes against 45, 64 all-to-alls against
 12), so it stays off.
 """
 
-import functools
-
 import jax
 import keras
 import numpy as np
@@ -106,7 +104,7 @@ def stateless_uniform(like, seed, step):
     return jax.random.uniform(key, like.shape, minval=1e-12, maxval=1.0)
 
 
-def compile_decoding(loop, variables, fast_step=None, own_caches=False):
+def compile_decoding(loop, variables, fast_step=None):
     """`jax.jit` of the loop as a pure function of the variables' values."""
     variables = list(variables)
 
@@ -117,8 +115,7 @@ def compile_decoding(loop, variables, fast_step=None, own_caches=False):
             # mapped above.
             return loop(*args, step=None if fast_step is None else fast_step())
 
-    options = _decoding_compiler_options() if own_caches else None
-    jitted = jax.jit(stateless, compiler_options=options)
+    jitted = jax.jit(stateless)
 
     def function(*args):
         # numpy out (writable copies; `np.array` also waits for the
@@ -131,33 +128,6 @@ def compile_decoding(loop, variables, fast_step=None, own_caches=False):
         return np.array(outputs)
 
     return function
-
-
-# XLA's CPU compiler sends products of more than one row (and some
-# reductions) to YNNPACK fusions. A translation's loop on its grouped step
-# ran faster with XLA's own kernels: against the default, in one process,
-# the same tokens (benchmarks/README.md), a 32-token translation was 1.18 to
-# 1.21 times as fast with 4 beams at batch 4, 1.07 to 1.12 greedy at batch 4
-# and 1.00 to 1.03 at batch 1 (there from the encoder's 20-row products).
-# GPT's loops keep the default: YNNPACK runs the block-diagonal matmuls of
-# attention over a long cache faster (`compiled_steps._attend`; without it
-# a token at 512 took 1.26 times as long as with it at batch 1), and those
-# matmuls are what keeps a token at 512 within 1.5 times one at 64.
-_CPU_DECODING_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-@functools.cache
-def _decoding_compiler_options():
-    """The decoding loop's XLA options: on a CPU, YNNPACK fusions off, where
-    this jaxlib knows the option; otherwise none."""
-    if jax.default_backend() != "cpu":
-        return None
-    try:
-        probe = jax.jit(lambda x: x + 1, compiler_options=_CPU_DECODING_OPTIONS)
-        probe.lower(np.float32(0)).compile()
-    except jax.errors.JaxRuntimeError:  # a jaxlib without the option
-        return None
-    return _CPU_DECODING_OPTIONS
 
 
 def _values(variables):

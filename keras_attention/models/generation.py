@@ -340,8 +340,7 @@ class Generator:
             )
 
         key = ("sample", total, ragged) + tuple(sorted(options.items()))
-        cache_maker = "empty_caches" if start == 1 else None
-        outputs = self._function(key, loop, cache_maker)(
+        outputs = self._function(key, loop)(
             prompt.astype("int32", copy=False), *lengths, *noise, *context
         )
         if not return_scores:
@@ -406,7 +405,7 @@ class Generator:
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop, "beam_caches")(*context)
+        sequences, scores = self._function(key, loop)(*context)
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):
@@ -420,15 +419,11 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop, cache_maker=None):
-        """The compiled `loop` for one configuration, made once.
-        `cache_maker`: the name of the maker by which the loop takes a fast
-        step's caches of its own layout, where the step has one."""
+    def _function(self, key, loop):
+        """The compiled `loop` for one configuration, made once."""
         if key not in self._functions:
-            step = None if self.fast_step is None else self.fast_step()
             self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step,
-                own_caches=cache_maker is not None and hasattr(step, cache_maker),
+                loop, self.variables(), self.fast_step
             )
         return self._functions[key]
 

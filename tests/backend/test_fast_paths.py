@@ -294,68 +294,18 @@ def test_linear_equals_numpy_with_gradients(rows, with_bias):
         assert bool(calls) == (large and onednn)
 
 
-def test_decoding_loops_compile_as_their_steps_prefer():
-    """`compile_decoding` computes the loop either way; on JAX on a CPU a
-    loop on a step with caches of its own compiles without YNNPACK fusions
-    (XLA's own kernels were faster there: benchmarks/README.md), others
-    with them."""
+def test_compiled_decoding_computes_the_loop():
+    """`compile_decoding` computes the loop as written, on the first call
+    (trace and compile) and on those after it (what was kept; on
+    TensorFlow a concrete function through its flat call)."""
     x, w = _normal((4, 64)), _normal((64, 48), 1)
 
     def loop(x, w, step=None):
         product = keras.ops.matmul(x, w)
         return keras.ops.tanh(product), keras.ops.sum(product, axis=1)
 
-    for own_caches in (False, True):
-        compiled = backend.compile_decoding(loop, [], own_caches=own_caches)
-        # Twice: the first call traces and compiles, the second runs what
-        # was kept (on TensorFlow a concrete function, through its flat call).
-        for _ in range(2):
-            got, sums = (keras.ops.convert_to_numpy(y) for y in compiled(x, w))
-            np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(sums, (x @ w).sum(axis=1), rtol=1e-4, atol=1e-4)
-    if BACKEND == "jax":
-        import jax
-
-        from keras_attention.backend import jax as jax_backend
-
-        options = jax_backend._decoding_compiler_options()
-        if jax.default_backend() != "cpu":
-            assert options is None
-            return
-        assert options is not None  # this jaxlib knows the option
-
-        def text(options):
-            jitted = jax.jit(lambda x, w: x @ w, compiler_options=options)
-            return jitted.lower(x, w).compile().as_text()
-
-        assert "ynn_fusion" in text(None)
-        assert "ynn_fusion" not in text(options)
-
-
-def test_generators_say_when_their_loop_takes_the_steps_own_caches(monkeypatch):
-    """A translation's loops run its grouped step on caches of its own where
-    the backend has that step (TensorFlow, JAX); GPT's never do."""
-    from keras_attention.models import Seq2SeqTransformer
-
-    seen = []
-    compile_decoding = backend.compile_decoding
-
-    def recording(loop, variables, fast_step=None, own_caches=False):
-        seen.append(own_caches)
-        return compile_decoding(loop, variables, fast_step, own_caches=own_caches)
-
-    monkeypatch.setattr(backend, "compile_decoding", recording)
-    translation = Seq2SeqTransformer(
-        13, 13, 6, 6, num_encoder_layers=1, num_decoder_layers=1, num_heads=2,
-        hidden_dim=8, intermediate_dim=16, dropout=0.0, seed=0,
-    )
-    source = np.array([[3, 4, 5]], "int32")
-    translation.generate(source, 2, start_token_id=1)
-    translation.generate(source, 2, start_token_id=1, sampling="beam", num_beams=2)
-    grouped = BACKEND in ("tensorflow", "jax")
-    assert seen == [grouped, grouped]
-    gpt = GPT(vocabulary_size=11, max_sequence_length=8, num_layers=1, num_heads=2,
-              hidden_dim=8, intermediate_dim=16)
-    gpt.generate(np.array([[1, 2]], "int32"), 2)
-    gpt.generate(np.array([[1]], "int32"), 2)  # a one-token prompt too
-    assert seen[2:] == [False, False]
+    compiled = backend.compile_decoding(loop, [])
+    for _ in range(2):
+        got, sums = (keras.ops.convert_to_numpy(y) for y in compiled(x, w))
+        np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sums, (x @ w).sum(axis=1), rtol=1e-4, atol=1e-4)
