@@ -5,8 +5,6 @@ size, `D` width (`hidden_dim`), `N` layers, `L` cache length, `G` key/value
 heads, `K` head size.
 """
 
-import numpy as np
-
 import keras
 
 from keras_attention import _validation
@@ -304,7 +302,7 @@ class GPT(layouts.TensorParallel, keras.Model):
             int32 numpy array `(B, P + max_new_tokens)`: each prompt followed
             by its new tokens (then `pad_token_id` where a row ended early).
         """
-        prompt = np.asarray(keras.ops.convert_to_numpy(prompt_ids))
+        prompt = _validation.to_numpy(prompt_ids)
         if prompt.ndim != 2 or prompt.shape[1] == 0:
             raise ValueError(
                 "`prompt_ids` must have shape (batch, length) with length >= 1. "
@@ -319,8 +317,8 @@ class GPT(layouts.TensorParallel, keras.Model):
             "pad_token_id", pad_token_id, self.vocabulary_size
         )
         if prompt_padding_mask is not None:
-            prompt_padding_mask = masking.standardize_mask(
-                prompt_padding_mask, "prompt_padding_mask", ranks=(2,)
+            prompt_padding_mask = masking.standardize_numpy_mask(
+                prompt_padding_mask, "prompt_padding_mask", prompt.shape
             )
         if not self.built:
             self.build((None, None))

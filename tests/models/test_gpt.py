@@ -689,6 +689,8 @@ def test_rejects_bad_prompt_shapes_and_masks(model):
         model.generate(_ids((2, 3)), 2, prompt_padding_mask=[[1, 0, 1], [1, 1, 1]])
     with pytest.raises(ValueError, match=r"`prompt_padding_mask`"):
         model.generate(_ids((2, 3)), 2, prompt_padding_mask=[[0, 0, 0], [1, 1, 1]])
+    with pytest.raises(ValueError, match=r"`prompt_padding_mask` must have shape \(2, 3\)\. Received: prompt_padding_mask with shape \(2, 2\)"):
+        model.generate(_ids((2, 3)), 2, prompt_padding_mask=[[1, 1], [1, 1]])
 
 
 @pytest.mark.parametrize(
