@@ -92,7 +92,10 @@ class RotaryEmbedding(keras.layers.Layer):
         inverse_frequency = (
             np.power(float(self.max_wavelength), -exponents)
             / float(self.scaling_factor)
-        ).astype("float32")  # (D/2,)
+        ).astype("float32")
+        # On the backend's device: torch will not multiply a GPU tensor by a
+        # numpy array.
+        inverse_frequency = ops.convert_to_tensor(inverse_frequency)  # (D/2,)
         angles = ops.expand_dims(positions, -1) * inverse_frequency  # (B|1, T, D/2)
         angles = ops.expand_dims(angles, 2)  # (B|1, T, 1, D/2)
         cos, sin = ops.cos(angles), ops.sin(angles)

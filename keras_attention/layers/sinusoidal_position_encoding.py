@@ -102,7 +102,10 @@ def sinusoidal_table(positions, dim, max_wavelength):
     # the exponent is computed in float64 so that only the product rounds.
     inverse_frequency = np.power(
         float(max_wavelength), -(2 * (columns // 2)) / dim
-    ).astype("float32")  # (D,)
+    ).astype("float32")
+    # A tensor on the backend's device: torch will not multiply a GPU tensor
+    # by a numpy array.
+    inverse_frequency = ops.convert_to_tensor(inverse_frequency)  # (D,)
     angles = ops.expand_dims(positions, -1) * inverse_frequency  # (..., T, D)
     is_sine = ops.convert_to_tensor(columns % 2 == 0)  # (D,)
     return ops.where(is_sine, ops.sin(angles), ops.cos(angles))  # (..., T, D)
