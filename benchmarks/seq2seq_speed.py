@@ -211,40 +211,14 @@ def worker(args):
         source = rng.integers(3, VOCABULARY, (batch, SOURCE_LENGTH)).astype("int32")
         source_mask = np.ones_like(source, bool)
 
-        def bart_inputs(length):
-            decoder_ids = np.full((batch, 1 + length), BART_PAD, "int32")
-            decoder_ids[:, 0] = BART_START
-            decoder_mask = np.zeros_like(decoder_ids, bool)
-            decoder_mask[:, 0] = True
-            return {
-                "encoder_token_ids": source,
-                "encoder_padding_mask": source_mask,
-                "decoder_token_ids": decoder_ids,
-                "decoder_padding_mask": decoder_mask,
-            }
-
         for sampling in samplers:
             outputs = {}
 
             def our_generate(length, name, sampling=sampling):
-                def run():
-                    outputs[name] = ours.generate(
-                        source, length, start_token_id=BART_START, sampling=sampling,
-                        num_beams=4, encoder_padding_mask=source_mask,
-                    )
-
-                return run
+                return our_runner(ours, source, source_mask, length, sampling, outputs, name)
 
             def their_generate(model, length, name):
-                inputs = bart_inputs(length)
-
-                def run():
-                    # numpy out, as ours: the work is done when it returns.
-                    outputs[name] = model.generate(inputs, stop_token_ids=None)[
-                        "decoder_token_ids"
-                    ]
-
-                return run
+                return bart_runner(model, source, source_mask, length, outputs, name)
 
             peers = {"keras_hub": bart[sampling]}
             if sampling in bart_xla:
@@ -310,6 +284,45 @@ def worker(args):
                 ),
                 flush=True,
             )
+
+
+def our_runner(model, source, source_mask, length, sampling, outputs, name):
+    """A call of `Seq2SeqTransformer.generate` (`length` new tokens after
+    BART's start token, 4 beams in beam search) that keeps its tokens in
+    `outputs[name]`."""
+
+    def run():
+        outputs[name] = model.generate(
+            source, length, start_token_id=BART_START, sampling=sampling,
+            num_beams=4, encoder_padding_mask=source_mask,
+        )
+
+    return run
+
+
+def bart_runner(model, source, source_mask, length, outputs, name):
+    """A call of `BartSeq2SeqLM.generate` on preprocessed inputs (the start
+    token, then `length` padding positions to fill, no stop token) that
+    keeps its tokens in `outputs[name]`."""
+    import numpy as np
+
+    batch = source.shape[0]
+    decoder_ids = np.full((batch, 1 + length), BART_PAD, "int32")
+    decoder_ids[:, 0] = BART_START
+    decoder_mask = np.zeros_like(decoder_ids, bool)
+    decoder_mask[:, 0] = True
+    inputs = {
+        "encoder_token_ids": source,
+        "encoder_padding_mask": source_mask,
+        "decoder_token_ids": decoder_ids,
+        "decoder_padding_mask": decoder_mask,
+    }
+
+    def run():
+        # numpy out, as ours: the work is done when it returns.
+        outputs[name] = model.generate(inputs, stop_token_ids=None)["decoder_token_ids"]
+
+    return run
 
 
 def uncached_loop(translator, source, new):

@@ -38,7 +38,6 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "examples" / "translation"
-BART_START, BART_PAD = 2, 1  # BART's decoder start token `</s>` and `<pad>`
 
 
 def parse_args(argv=None):
@@ -133,6 +132,8 @@ def decoding(config, args):
     """One row per (sampling, batch): ms per token, ours against KerasHub's."""
     import keras_hub
     from seq2seq_speed import _interleaved
+    from seq2seq_speed import bart_runner
+    from seq2seq_speed import our_runner
 
     from keras_attention.models import Seq2SeqTransformer
 
@@ -156,40 +157,15 @@ def decoding(config, args):
         for sampling, sampler in samplers.items():
             outputs = {}
 
-            def our_generate(length, name, sampling=sampling):
-                def run():
-                    outputs[name] = ours.generate(
-                        source, length, start_token_id=BART_START, sampling=sampling,
-                        num_beams=4, encoder_padding_mask=source_mask,
-                    )
-
-                return run
-
-            runners = {"ours": our_generate(new, "ours"),
-                       "ours_short": our_generate(short, "ours_short")}
+            runners = {
+                name: our_runner(ours, source, source_mask, length, sampling, outputs, name)
+                for name, length in (("ours", new), ("ours_short", short))
+            }
             if not args.no_keras_hub:
                 bart = keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
                 bart.compile(sampler=sampler())
-
-                def their_generate(length, name):
-                    decoder_ids = np.full((batch, 1 + length), BART_PAD, "int32")
-                    decoder_ids[:, 0] = BART_START
-                    decoder_mask = np.zeros_like(decoder_ids, bool)
-                    decoder_mask[:, 0] = True
-                    inputs = {
-                        "encoder_token_ids": source, "encoder_padding_mask": source_mask,
-                        "decoder_token_ids": decoder_ids, "decoder_padding_mask": decoder_mask,
-                    }
-
-                    def run():
-                        outputs[name] = bart.generate(inputs, stop_token_ids=None)[
-                            "decoder_token_ids"
-                        ]
-
-                    return run
-
-                runners["keras_hub"] = their_generate(new, "keras_hub")
-                runners["keras_hub_short"] = their_generate(short, "keras_hub_short")
+                for name, length in (("keras_hub", new), ("keras_hub_short", short)):
+                    runners[name] = bart_runner(bart, source, source_mask, length, outputs, name)
             medians, times = _interleaved(runners, args.repeats, rounds=True)
             names = [n for n in ("ours", "keras_hub") if n in runners]
             row = {
