@@ -716,8 +716,7 @@ def test_token_and_position_rejects_bad_calls():
         layer(np.zeros((BATCH, LENGTH, 4), "float32"), reverse=True)
 
 
-@pytest.fixture
-def tensors_refuse_numpy(monkeypatch):
+def _tensors_refuse_numpy(patch):
     """On torch, tensors that refuse to become numpy arrays, as a GPU tensor
     does: a numpy constant meeting a tensor in an operator then fails (on a
     GPU, `SinusoidalPositionEncoding` did, before its constants became
@@ -728,17 +727,16 @@ def tensors_refuse_numpy(monkeypatch):
         def refuse(self, *args, **kwargs):
             raise TypeError("can't convert this tensor to numpy")
 
-        monkeypatch.setattr(torch.Tensor, "__array__", refuse)
+        patch.setattr(torch.Tensor, "__array__", refuse)
 
 
-def test_position_layers_keep_their_constants_on_the_backend(tensors_refuse_numpy):
+def test_position_layers_keep_their_constants_on_the_backend(monkeypatch):
     x = ops.convert_to_tensor(_embeddings())
     heads = ops.convert_to_tensor(_heads())
-    sines = SinusoidalPositionEncoding()(x, start_index=2)
-    rotated = RotaryEmbedding()(heads, start_index=2)
-    if keras.backend.backend() == "torch":
-        sines, rotated = (t.detach().cpu().clone() for t in (sines, rotated))
-        sines, rotated = sines.numpy(force=True), rotated.numpy(force=True)
+    with monkeypatch.context() as patch:
+        _tensors_refuse_numpy(patch)
+        sines = SinusoidalPositionEncoding()(x, start_index=2)
+        rotated = RotaryEmbedding()(heads, start_index=2)
     positions = np.arange(2, 2 + LENGTH)
     np.testing.assert_allclose(
         harness.to_numpy(sines)[0], sinusoidal_reference(positions, DIM, 10000), atol=1e-5
