@@ -53,7 +53,11 @@ def parse_args(argv=None):
     parser.add_argument("--no-keras-hub", action="store_true",
                         help="time our decoding alone")
     parser.add_argument("--json", default=None, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # The marginal time per token is the difference from a one-token call.
+    if args.new_tokens < 2:
+        parser.error(f"--new-tokens must be at least 2. Received: --new-tokens {args.new_tokens}")
+    return args
 
 
 def main(argv=None):
