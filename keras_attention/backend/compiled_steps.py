@@ -30,8 +30,11 @@ out. A block's step here differs from the layers' in four ways:
   `enter_caches` and `leave_caches`), not the layers' packed cache, out of
   which XLA copied both at every step.
 
-Norms, feed-forward networks, embeddings and logits run through their
-layers, which compile to the same kernels.
+Every kernel a step multiplies by is cast to the compute dtype once, when
+the step is made (`_Projection`), not at every step as the layers cast
+their variables: under mixed precision XLA's GPU compiler kept those casts
+in the loop's body, reading each float32 kernel again at every step. Norms
+and embeddings run through their layers, which compile to the same kernels.
 
 An encoder-decoder model's step (`_BlockStep.grouped`) keeps its caches in
 a layout of its own, the *grouped* layout, which the layers never see:
@@ -362,18 +365,32 @@ def _attend_absorbed(h, cache, mask, cross):
     return ops.reshape(ops.cast(output, dense.compute_dtype), (rows, 1, -1))
 
 
-def _linear(x, dense, width):
-    """`x` `(B, 1, W)` through an attention projection's kernel, flattened to
-    `(W, width)`, in the layer's compute dtype (as the layer casts)."""
-    dtype = dense.compute_dtype
-    output = ops.matmul(ops.cast(x, dtype), ops.cast(ops.reshape(dense.kernel, (-1, width)), dtype))
-    if dense.bias is not None:
-        output = output + ops.cast(ops.reshape(dense.bias, (-1,)), dtype)
-    return output
+class _Projection:
+    """A dense layer's kernel, flattened to `(W, width)`, and its bias in
+    the layer's compute dtype, cast when the step is made: once per call,
+    before the loop. Cast inside the loop (as the layers cast their
+    variables at every call), the casts stayed in the loop's body under
+    mixed precision: XLA's GPU compiler read every float32 kernel and
+    converted it again at every step. Torch's step casts its weights once
+    as well (`backend/torch.py`)."""
+
+    def __init__(self, dense, width):
+        self.dtype = dense.compute_dtype
+        self.kernel = ops.cast(ops.reshape(dense.kernel, (-1, width)), self.dtype)
+        self.bias = None
+        if dense.bias is not None:
+            self.bias = ops.cast(ops.reshape(dense.bias, (-1,)), self.dtype)
+
+    def __call__(self, x):
+        """`x` `(B, 1, W)` -> `(B, 1, width)` in the compute dtype (as the
+        layer casts its input)."""
+        output = ops.matmul(ops.cast(x, self.dtype), self.kernel)
+        return output if self.bias is None else output + self.bias
 
 
 class _BlockStep:
-    """One decoder block's step; the fused Q/K/V kernel made when created."""
+    """One decoder block's step; the fused Q/K/V kernel and every other
+    kernel in the compute dtype made when created (`_Projection`)."""
 
     def __init__(self, block):
         self.block = block
@@ -394,9 +411,18 @@ class _BlockStep:
         self.head_size = attention.key_dim
         self.scale = attention.score.dot_product_scale(attention.key_dim)
         self.output_width = attention.output_dense.kernel.shape[-1]
+        self.output = _Projection(attention.output_dense, self.output_width)
         cross = block.cross_attention
         if cross is not None:
             self.cross_scale = cross.score.dot_product_scale(cross.key_dim)
+            self.cross_query = _Projection(cross.query_dense, cross.num_heads * cross.key_dim)
+            self.cross_output = _Projection(cross.output_dense, self.output_width)
+        # The feed-forward network is plain on the allow-lists.
+        feedforward = block.feedforward
+        self.intermediate = _Projection(feedforward.intermediate_dense, feedforward.intermediate_dim)
+        self.feedforward_output = _Projection(
+            feedforward.output_dense, feedforward.output_dense.kernel.shape[-1]
+        )
 
     def _sublayer(self, x, norm, fn):
         if self.block.normalize_first:
@@ -404,8 +430,6 @@ class _BlockStep:
         return norm(x + fn(x))
 
     def __call__(self, x, self_cache, index, cross_cache=None, cross_mask=None):
-        attention = self.block.self_attention
-
         def self_attend(h):
             nonlocal self_cache
             q, k, v = self._project(h)  # (B, 1, H, K), (B, 1, G, K) twice
@@ -427,7 +451,7 @@ class _BlockStep:
             seen = ops.arange(keys.shape[1]) <= index  # (L,)
             attended = _attend(q, keys, values, seen[None], self.scale)
             attended = ops.reshape(attended, (ops.shape(h)[0], 1, -1))  # (B, 1, H K)
-            return _linear(attended, attention.output_dense, self.output_width)
+            return self.output(attended)
 
         cross_attend = None
         if self.block.cross_attention is not None:
@@ -435,7 +459,7 @@ class _BlockStep:
 
             def cross_attend(h):
                 batch = ops.shape(h)[0]
-                q = _linear(h, cross.query_dense, cross.num_heads * cross.key_dim)
+                q = self.cross_query(h)
                 q = ops.reshape(q, (batch, 1, cross.num_heads, cross.key_dim))
                 keys, values = kv_cache.read(cross_cache)  # (B, S, G, K)
                 mask = None if cross_mask is None else ops.cast(cross_mask, "bool")
@@ -444,7 +468,7 @@ class _BlockStep:
                     has_key = ops.any(mask, axis=-1)[:, None, None, None]  # (B, 1, 1, 1)
                     attended = ops.where(has_key, attended, ops.zeros_like(attended))
                 attended = ops.reshape(attended, (batch, 1, -1))  # (B, 1, H K)
-                return _linear(attended, cross.output_dense, self.output_width)
+                return self.cross_output(attended)
 
         return self._sublayers(x, self_attend, cross_attend), self_cache
 
@@ -486,7 +510,6 @@ class _BlockStep:
         Returns:
             `(x (B E, 1, D), self_cache)`.
         """
-        attention = self.block.self_attention
         rows = x.shape[0]
 
         def self_attend(h):
@@ -508,7 +531,7 @@ class _BlockStep:
             self_cache = (keys, values)
             attended = _attend_grouped(q, keys, values, visible, self.scale, groups)
             attended = ops.reshape(attended, (rows, 1, -1))  # (B E, 1, H K)
-            return _linear(attended, attention.output_dense, self.output_width)
+            return self.output(attended)
 
         cross_attend = None
         if self.block.cross_attention is not None:
@@ -517,7 +540,7 @@ class _BlockStep:
             def cross_attend(h):
                 if len(cross_cache) == 3:
                     return _attend_absorbed(h, cross_cache, cross_mask, cross)
-                q = _linear(h, cross.query_dense, cross.num_heads * cross.key_dim)
+                q = self.cross_query(h)
                 q = ops.reshape(q, (rows, 1, cross.num_heads, cross.key_dim))
                 keys, values = cross_cache
                 groups = cross.num_key_value_heads or cross.num_heads
@@ -530,7 +553,7 @@ class _BlockStep:
                     has_key = ops.any(mask, axis=-1)[:, None, None]  # (B, 1, 1)
                     attended = ops.where(has_key, attended, ops.zeros_like(attended))
                 attended = ops.reshape(attended, (rows, 1, -1))  # (B E, 1, H K)
-                return _linear(attended, cross.output_dense, self.output_width)
+                return self.cross_output(attended)
 
         return self._sublayers(x, self_attend, cross_attend), self_cache
 
@@ -554,4 +577,9 @@ class _BlockStep:
         x = self._sublayer(x, block.self_attention_layer_norm, self_attend)
         if cross_attend is not None:
             x = self._sublayer(x, block.cross_attention_layer_norm, cross_attend)
-        return self._sublayer(x, block.feedforward_layer_norm, block.feedforward)
+        return self._sublayer(x, block.feedforward_layer_norm, self._feedforward)
+
+    def _feedforward(self, h):
+        """The block's feed-forward network (plain, no dropout at
+        inference) on the kernels made once."""
+        return self.feedforward_output(self.block.feedforward.activation(self.intermediate(h)))

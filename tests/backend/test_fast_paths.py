@@ -224,6 +224,51 @@ def test_translation_step_equals_the_layers(beams):
         fast_caches = reorder(fast_caches, rows)
 
 
+def test_translation_step_casts_its_kernels_once_when_made():
+    """Under mixed precision the translation model's fast step multiplies by
+    kernels cast to bfloat16 when the step is made, once per call before the
+    loop (as torch's plain step casts its weights), not at every step: with
+    every block kernel zeroed after the step was made, the step computes
+    what it computed before, while the layers see the zeros. Before that,
+    it equals the layers' step within bfloat16's rounding."""
+    from keras_attention.models import Seq2SeqTransformer
+
+    model = Seq2SeqTransformer(
+        13, 11, 8, 8, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
+        hidden_dim=D, intermediate_dim=16, dropout=0.0, dtype="mixed_bfloat16",
+    )
+    model.build()
+    rng = np.random.default_rng(8)
+    for variable in model.weights:
+        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    fast = model._fast_step()
+    assert fast is not None
+    source = np.array([[3, 4, 5, 6], [7, 8, 0, 0]], "int32")
+    if hasattr(fast, "empty_caches"):
+        fast_caches = fast.empty_caches(2, 3, source, source != 0)
+    else:
+        fast_caches = model._decoding_caches(2, 3, source, source != 0)
+    layer_caches = model._decoding_caches(2, 3, source, source != 0)
+    token = keras.ops.convert_to_tensor(np.array([[1], [2]], "int32"))
+
+    def logits(step, caches):
+        return harness.to_numpy(keras.ops.cast(step(token, caches, 0)[0], "float32"))
+
+    want = logits(model._decoding_step, layer_caches)
+    got = logits(fast, fast_caches)
+    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)
+    for block in model.decoder.blocks:
+        attention, cross, feedforward = block.self_attention, block.cross_attention, block.feedforward
+        for dense in (
+            attention.query_dense, attention.key_dense, attention.value_dense,
+            attention.output_dense, cross.query_dense, cross.output_dense,
+            feedforward.intermediate_dense, feedforward.output_dense,
+        ):
+            dense.kernel.assign(np.zeros(dense.kernel.shape, "float32"))
+    np.testing.assert_array_equal(logits(fast, fast_caches), got)
+    assert not np.allclose(logits(model._decoding_step, layer_caches), want, atol=0.05)
+
+
 def _argmax_cases():
     x = _normal((7, 37), 4)
     x[1, [3, 20]] = 9.0  # a tie: the first
@@ -309,3 +354,45 @@ def test_compiled_decoding_computes_the_loop():
         got, sums = (keras.ops.convert_to_numpy(y) for y in compiled(x, w))
         np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(sums, (x @ w).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_decoding_options_are_options_xla_knows(monkeypatch):
+    """On a GPU, JAX's decoding loops compile with XLA's command buffers
+    for `while` loops (`decoding_compiler_options("gpu")`). XLA parses the
+    options on any platform, so a name or a value this jaxlib does not know
+    fails here: a `while` loop compiled with them (on this machine's
+    platform) counts as it should. Under the JAX backend, `compile_decoding`
+    passes them when the platform is a GPU, and the loop still computes."""
+    import jax
+
+    from keras_attention.backend import jax as jax_backend
+
+    assert jax_backend.decoding_compiler_options("cpu") == {}
+    options = jax_backend.decoding_compiler_options("gpu")
+    assert {"WHILE", "CONDITIONAL", "FUSION"} <= set(
+        options["xla_gpu_enable_command_buffer"].split(",")
+    )
+
+    def count(limit):
+        return jax.lax.while_loop(lambda s: s[0] < limit, lambda s: (s[0] + 1, s[1] * 2.0), (0, 1.0))
+
+    steps, value = jax.jit(count, compiler_options=options)(5)
+    assert (int(steps), float(value)) == (5, 32.0)
+    with pytest.raises(Exception, match="BOGUS"):
+        jax.jit(count, compiler_options={"xla_gpu_enable_command_buffer": "WHILE,BOGUS"})(5)
+
+    if keras.backend.backend() != "jax":
+        return
+    seen = []
+    real_jit = jax.jit
+
+    def jit(function, **kwargs):
+        seen.append(kwargs.get("compiler_options"))
+        return real_jit(function, **kwargs)
+
+    monkeypatch.setattr(jax_backend.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax_backend.jax, "jit", jit)
+    x, w = _normal((4, 8)), _normal((8, 3), 1)
+    compiled = backend.compile_decoding(lambda x, w, step=None: keras.ops.matmul(x, w), [])
+    np.testing.assert_allclose(compiled(x, w), x @ w, rtol=1e-5, atol=1e-5)
+    assert seen == [options]
