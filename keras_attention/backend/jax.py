@@ -22,6 +22,7 @@ test's programs: 82 collective permutes against 45, 64 all-to-alls against
 12), so it stays off.
 """
 
+import functools
 import inspect
 
 import jax
@@ -110,11 +111,12 @@ def stateless_uniform(like, seed, step):
 # every decoding step the device waits for the host to read it back before
 # the next step's kernels are launched. With `WHILE` and `CONDITIONAL` among
 # the command buffer types, the loop becomes one CUDA graph whose condition
-# is evaluated on the device (conditional graph nodes; XLA leaves them out
-# where the CUDA version lacks them). The other types are the ones XLA puts
-# in command buffers by default. On an H200 at the translation example's
-# `gpu` size, greedy decoding 1.09 times as fast at batch 1 and 1.07 at batch
-# 32, 4 beams at batch 1 unchanged (benchmarks/README.md).
+# is evaluated on the device (conditional graph nodes; XLA drops the two
+# types where the CUDA version lacks them). The other types are XLA's
+# default ones but `DYNAMIC_SLICE_FUSION` (none in the loops measured). On
+# an H200 at the translation example's `gpu` size, greedy decoding 1.09
+# times as fast at batch 1 and 1.07 at batch 32, 4 beams at batch 1
+# unchanged (benchmarks/README.md).
 GPU_DECODING_OPTIONS = {
     "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL",
 }
@@ -122,10 +124,25 @@ _JIT_TAKES_OPTIONS = "compiler_options" in inspect.signature(jax.jit).parameters
 
 
 def decoding_compiler_options(platform):
-    """XLA options for a decoding loop on `platform` (`jax.default_backend()`)."""
-    if platform == "gpu":
-        return dict(GPU_DECODING_OPTIONS)
-    return {}
+    """XLA options for a decoding loop on `platform` (`jax.default_backend()`):
+    `GPU_DECODING_OPTIONS` on a GPU where this JAX passes options and its
+    XLA knows them, else none."""
+    if platform != "gpu" or not _JIT_TAKES_OPTIONS:
+        return {}
+    items = tuple(sorted(GPU_DECODING_OPTIONS.items()))
+    return dict(items) if _accepted(items) else {}
+
+
+@functools.cache
+def _accepted(items):
+    """Whether XLA compiles a trivial program with the options `items`: an
+    older XLA refuses a command buffer type it does not know, and decoding
+    then compiles without them."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=dict(items)).lower(np.zeros(2, "float32")).compile()
+    except (RuntimeError, ValueError):  # XLA's runtime error derives from RuntimeError
+        return False
+    return True
 
 
 def compile_decoding(loop, variables, fast_step=None):
@@ -141,7 +158,7 @@ def compile_decoding(loop, variables, fast_step=None):
             return loop(*args, step=None if fast_step is None else fast_step())
 
     options = decoding_compiler_options(jax.default_backend())
-    if options and _JIT_TAKES_OPTIONS:
+    if options:
         jitted = jax.jit(stateless, compiler_options=options)
     else:
         jitted = jax.jit(stateless)
