@@ -73,6 +73,14 @@ def main(argv=None):
     keras.config.set_dtype_policy("mixed_bfloat16")
     config = train.Config(**train.PRESETS[args.preset])
     results = {"backend": args.backend, "preset": args.preset, "device": _device()}
+    if args.backend == "jax":  # what XLA compiles the decoding loops with
+        import jax
+
+        from keras_attention.backend import jax as jax_backend
+
+        results["decoding_xla_options"] = jax_backend.decoding_compiler_options(
+            jax.default_backend()
+        )
     print(json.dumps(results), flush=True)
     results["train"] = training(train, _measure, config, args)
     print(json.dumps(results["train"]), flush=True)
