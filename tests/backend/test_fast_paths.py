@@ -176,6 +176,22 @@ def test_preferences_are_declared_per_backend():
     assert not preferences.fuse_projections  # an option; no backend's default
 
 
+def _translation_model(seed, **kwargs):
+    """A small built `Seq2SeqTransformer` (two decoder blocks) with weights
+    drawn from `seed`."""
+    from keras_attention.models import Seq2SeqTransformer
+
+    model = Seq2SeqTransformer(
+        13, 11, 8, 8, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
+        hidden_dim=D, intermediate_dim=16, dropout=0.0, **kwargs,
+    )
+    model.build()
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    return model
+
+
 @pytest.mark.parametrize("beams", [1, 3])
 def test_translation_step_equals_the_layers(beams):
     """The translation model's decoding step (block steps with cross-attention,
@@ -185,16 +201,8 @@ def test_translation_step_equals_the_layers(beams):
     gathered (`_reorder_caches`), the fast step on its own caches where it
     has them (TensorFlow, JAX: the grouped layout, where only an ancestry
     follows the hypotheses)."""
-    from keras_attention.models import Seq2SeqTransformer
-
-    model = Seq2SeqTransformer(
-        13, 11, 8, 8, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
-        hidden_dim=D, intermediate_dim=16, dropout=0.0,
-    )
-    model.build()
+    model = _translation_model(7)
     rng = np.random.default_rng(7)
-    for variable in model.weights:
-        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
     fast = model._fast_step()
     assert fast is not None
     assert hasattr(fast, "beam_caches") == (BACKEND != "torch")
@@ -231,16 +239,7 @@ def test_translation_step_casts_its_kernels_once_when_made():
     every block kernel zeroed after the step was made, the step computes
     what it computed before, while the layers see the zeros. Before that,
     it equals the layers' step within bfloat16's rounding."""
-    from keras_attention.models import Seq2SeqTransformer
-
-    model = Seq2SeqTransformer(
-        13, 11, 8, 8, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
-        hidden_dim=D, intermediate_dim=16, dropout=0.0, dtype="mixed_bfloat16",
-    )
-    model.build()
-    rng = np.random.default_rng(8)
-    for variable in model.weights:
-        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    model = _translation_model(8, dtype="mixed_bfloat16")
     fast = model._fast_step()
     assert fast is not None
     source = np.array([[3, 4, 5, 6], [7, 8, 0, 0]], "int32")
