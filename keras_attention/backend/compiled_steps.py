@@ -74,6 +74,8 @@ batch 1 from 92-97 to 70 us, the folding 0.2 to 0.3 ms a call); on JAX 1.22
 and 1.04 with 4 beams, 0.97 and 0.99 greedy.
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -366,23 +368,38 @@ def _attend_absorbed(h, cache, mask, cross):
 
 
 class _Projection:
-    """A dense layer's kernel, flattened to `(W, width)`, and its bias in
-    the layer's compute dtype, cast when the step is made: once per call,
-    before the loop. Cast inside the loop (as the layers cast their
-    variables at every call), the casts stayed in the loop's body under
-    mixed precision: XLA's GPU compiler read every float32 kernel and
-    converted it again at every step. Torch's step casts its weights once
-    as well (`backend/torch.py`)."""
+    """`x -> x kernel + bias` in a compute dtype, on a dense layer's kernel
+    flattened to `(W, N)` and its bias `(N,)`, cast when the projection is
+    made (`of`): once per call, before the loop. Cast inside the loop (as
+    the layers cast their variables at every call), the casts stayed in the
+    loop's body under mixed precision: XLA's GPU compiler read every float32
+    kernel and converted it again at every step. Torch's step casts its
+    weights once as well (`backend/torch.py`)."""
 
-    def __init__(self, dense, width):
-        self.dtype = dense.compute_dtype
-        self.kernel = ops.cast(ops.reshape(dense.kernel, (-1, width)), self.dtype)
-        self.bias = None
-        if dense.bias is not None:
-            self.bias = ops.cast(ops.reshape(dense.bias, (-1,)), self.dtype)
+    def __init__(self, kernel, bias, dtype):
+        self.kernel = kernel  # (W, N)
+        self.bias = bias  # (N,) or None
+        self.dtype = dtype
+
+    @classmethod
+    def of(cls, dense, width):
+        """`dense`'s kernel as `(W, width)` and its bias, in its compute dtype."""
+        dtype = dense.compute_dtype
+        kernel = ops.cast(ops.reshape(dense.kernel, (-1, width)), dtype)
+        bias = None if dense.bias is None else ops.cast(ops.reshape(dense.bias, (-1,)), dtype)
+        return cls(kernel, bias, dtype)
+
+    @classmethod
+    def joined(cls, projections):
+        """Projections of one input (all with biases or none) as one
+        product: their kernels side by side, `(W, N_1 + N_2 + ...)`."""
+        first = projections[0]
+        kernel = ops.concatenate([p.kernel for p in projections], axis=1)
+        bias = None if first.bias is None else ops.concatenate([p.bias for p in projections])
+        return cls(kernel, bias, first.dtype)
 
     def __call__(self, x):
-        """`x` `(B, 1, W)` -> `(B, 1, width)` in the compute dtype (as the
+        """`x` `(B, 1, W)` -> `(B, 1, N)` in the compute dtype (as the
         layer casts its input)."""
         output = ops.matmul(ops.cast(x, self.dtype), self.kernel)
         return output if self.bias is None else output + self.bias
@@ -396,31 +413,24 @@ class _BlockStep:
         self.block = block
         attention = block.self_attention
         denses = (attention.query_dense, attention.key_dense, attention.value_dense)
-        width = attention.query_dense.kernel.shape[0]
-        dtype = attention.compute_dtype
-        self.qkv_kernel = ops.concatenate(
-            [ops.cast(ops.reshape(d.kernel, (width, -1)), dtype) for d in denses], axis=1
+        self.qkv = _Projection.joined(
+            [_Projection.of(d, math.prod(d.kernel.shape[1:])) for d in denses]
         )  # (D, H K + 2 G K)
-        self.qkv_bias = None
-        if attention.query_dense.bias is not None:
-            self.qkv_bias = ops.concatenate(
-                [ops.cast(ops.reshape(d.bias, (-1,)), dtype) for d in denses]
-            )
         self.heads = attention.num_heads
         self.kv_heads = attention.num_key_value_heads or attention.num_heads
         self.head_size = attention.key_dim
         self.scale = attention.score.dot_product_scale(attention.key_dim)
         self.output_width = attention.output_dense.kernel.shape[-1]
-        self.output = _Projection(attention.output_dense, self.output_width)
+        self.output = _Projection.of(attention.output_dense, self.output_width)
         cross = block.cross_attention
         if cross is not None:
             self.cross_scale = cross.score.dot_product_scale(cross.key_dim)
-            self.cross_query = _Projection(cross.query_dense, cross.num_heads * cross.key_dim)
-            self.cross_output = _Projection(cross.output_dense, self.output_width)
+            self.cross_query = _Projection.of(cross.query_dense, cross.num_heads * cross.key_dim)
+            self.cross_output = _Projection.of(cross.output_dense, self.output_width)
         # The feed-forward network is plain on the allow-lists.
         feedforward = block.feedforward
-        self.intermediate = _Projection(feedforward.intermediate_dense, feedforward.intermediate_dim)
-        self.feedforward_output = _Projection(
+        self.intermediate = _Projection.of(feedforward.intermediate_dense, feedforward.intermediate_dim)
+        self.feedforward_output = _Projection.of(
             feedforward.output_dense, feedforward.output_dense.kernel.shape[-1]
         )
 
@@ -560,10 +570,7 @@ class _BlockStep:
     def _project(self, h):
         """Self-attention's query, key and value of `h` `(B, 1, D)`, as one
         matmul: `(B, 1, H, K)`, `(B, 1, G, K)`, `(B, 1, G, K)`."""
-        h = ops.cast(h, self.qkv_kernel.dtype)
-        qkv = ops.matmul(h, self.qkv_kernel)  # (B, 1, H K + 2 G K)
-        if self.qkv_bias is not None:
-            qkv = qkv + self.qkv_bias
+        qkv = self.qkv(h)  # (B, 1, H K + 2 G K)
         query_width = self.heads * self.head_size
         kv_width = self.kv_heads * self.head_size
         q, k, v = ops.split(qkv, [query_width, query_width + kv_width], axis=-1)
