@@ -240,14 +240,7 @@ def worker(args):
             all_medians, times = _interleaved(runners, args.repeats, args.clock, rounds=True)
             medians = {name: all_medians[name] for name in ["ours", *peers]}
             ratios = {n: m / medians["ours"] for n, m in medians.items() if n != "ours"}
-            # The median over rounds of each round's difference: the two
-            # calls of a round see the same state of the host.
-            marginal = {
-                name: statistics.median(
-                    full - part for full, part in zip(times[name], times[f"{name}_short"])
-                ) / (new - short)
-                for name in ["ours", *peers]
-            }
+            marginal = marginal_seconds(times, ["ours", *peers], new - short)
             if sampling == "greedy":
                 # In its own rounds: 100 to 300 times as long as a cached
                 # call, it evicts the caches the call after it finds, and in
@@ -284,6 +277,20 @@ def worker(args):
                 ),
                 flush=True,
             )
+
+
+def marginal_seconds(times, names, extra_tokens):
+    """Per name, the seconds a token costs beyond a call's fixed part: the
+    median over rounds of the difference between the call's time
+    (`times[name]`) and the shorter call's (`times[name + "_short"]`),
+    divided by the `extra_tokens` between them. The two calls of a round see
+    the same state of the host."""
+    return {
+        name: statistics.median(
+            full - part for full, part in zip(times[name], times[f"{name}_short"])
+        ) / extra_tokens
+        for name in names
+    }
 
 
 def our_runner(model, source, source_mask, length, sampling, outputs, name):

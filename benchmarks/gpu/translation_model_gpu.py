@@ -31,7 +31,6 @@ torch is installed; train_translation_gpu.py trains the example itself.
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 
 import numpy as np
@@ -145,6 +144,7 @@ def decoding(config, args):
     import keras_hub
     from seq2seq_speed import _interleaved
     from seq2seq_speed import bart_runner
+    from seq2seq_speed import marginal_seconds
     from seq2seq_speed import our_runner
 
     from keras_attention.models import Seq2SeqTransformer
@@ -185,10 +185,7 @@ def decoding(config, args):
                 "source_length": source_length, "new_tokens": new,
                 "ms_per_token": {n: 1e3 * medians[n] / new for n in names},
                 "marginal_ms_per_token": {
-                    n: 1e3 * statistics.median(
-                        full - part for full, part in zip(times[n], times[f"{n}_short"])
-                    ) / (new - short)
-                    for n in names
+                    n: 1e3 * m for n, m in marginal_seconds(times, names, new - short).items()
                 },
             }
             if "keras_hub" in runners:
