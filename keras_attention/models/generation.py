@@ -423,7 +423,7 @@ class Generator:
         """The compiled `loop` for one configuration, made once."""
         if key not in self._functions:
             self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step
+                loop, self.variables(), self.fast_step, beam_search=key[0] == "beam"
             )
         return self._functions[key]
 

@@ -355,21 +355,28 @@ def test_compiled_decoding_computes_the_loop():
         np.testing.assert_allclose(sums, (x @ w).sum(axis=1), rtol=1e-4, atol=1e-4)
 
 
-def test_gpu_decoding_options_are_options_xla_knows(monkeypatch):
-    """On a GPU, JAX's decoding loops compile with XLA's command buffers
-    for `while` loops (`decoding_compiler_options("gpu")`). XLA parses the
-    options on any platform, so a name or a value this jaxlib does not know
-    fails here: a `while` loop compiled with them (on this machine's
-    platform) counts as it should, and options XLA refuses are dropped
-    rather than passed. Under the JAX backend, `compile_decoding` passes
-    them when the platform is a GPU, and the loop still computes."""
+def test_decoding_options_are_options_xla_knows(monkeypatch):
+    """JAX's decoding loops compile with XLA options per platform
+    (`decoding_compiler_options`): on a GPU XLA's command buffers for
+    `while` loops, on a CPU (but for beam search) without the pass that
+    splits every reduction into two kernels. XLA parses the options on any
+    platform, so a name or a value this jaxlib does not know fails here: a
+    `while` loop compiled with the GPU's counts as it should, a sum
+    compiled with the CPU's is one reduction and not a reduce-window and a
+    reduce (on this machine's platform, a CPU) and still sums, and options
+    XLA refuses are dropped rather than passed. Under the JAX backend,
+    `compile_decoding` passes each platform's options, none to beam search
+    on a CPU, and the loop still computes."""
     import jax
 
     from keras_attention.backend import jax as jax_backend
 
-    assert jax_backend.decoding_compiler_options("cpu") == {}
+    assert jax_backend.decoding_compiler_options("cpu") == jax_backend.CPU_DECODING_OPTIONS
+    assert jax_backend.decoding_compiler_options("cpu", beam_search=True) == {}
+    assert jax_backend.decoding_compiler_options("tpu") == {}
     options = jax_backend.decoding_compiler_options("gpu")
     assert options == jax_backend.GPU_DECODING_OPTIONS
+    assert jax_backend.decoding_compiler_options("gpu", beam_search=True) == options
     assert {"WHILE", "CONDITIONAL", "FUSION"} <= set(
         options["xla_gpu_enable_command_buffer"].split(",")
     )
@@ -379,6 +386,14 @@ def test_gpu_decoding_options_are_options_xla_knows(monkeypatch):
 
     steps, value = jax.jit(count, compiler_options=options)(5)
     assert (int(steps), float(value)) == (5, 32.0)
+
+    row = _normal((1, 1000))
+    for cpu_options, windows in ((jax_backend.CPU_DECODING_OPTIONS, 0), ({}, 1)):
+        summed = jax.jit(lambda x: x.sum(axis=-1), compiler_options=cpu_options)
+        if jax.default_backend() == "cpu":
+            program = summed.lower(row).compile().as_text()
+            assert program.count("reduce-window(") == windows
+        np.testing.assert_allclose(summed(row), row.sum(axis=-1), rtol=1e-5)
     with monkeypatch.context() as patched:
         patched.setattr(
             jax_backend, "GPU_DECODING_OPTIONS", {"xla_gpu_enable_command_buffer": "WHILE,BOGUS"}
@@ -394,9 +409,33 @@ def test_gpu_decoding_options_are_options_xla_knows(monkeypatch):
         seen.append(kwargs.get("compiler_options"))
         return real_jit(function, **kwargs)
 
-    monkeypatch.setattr(jax_backend.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax_backend.jax, "jit", jit)
     x, w = _normal((4, 8)), _normal((8, 3), 1)
-    compiled = backend.compile_decoding(lambda x, w, step=None: keras.ops.matmul(x, w), [])
-    np.testing.assert_allclose(compiled(x, w), x @ w, rtol=1e-5, atol=1e-5)
-    assert seen == [options]
+    for platform in ("gpu", "cpu"):
+        monkeypatch.setattr(jax_backend.jax, "default_backend", lambda: platform)
+        for beam_search in (False, True):
+            compiled = backend.compile_decoding(
+                lambda x, w, step=None: keras.ops.matmul(x, w), [], beam_search=beam_search
+            )
+            np.testing.assert_allclose(compiled(x, w), x @ w, rtol=1e-5, atol=1e-5)
+    cpu = jax_backend.CPU_DECODING_OPTIONS
+    assert seen == [options, options, cpu, None]
+
+
+def test_generation_compiles_beam_search_as_beam_search(monkeypatch):
+    """`generate` tells `compile_decoding` which loops are beam searches
+    (on JAX a CPU compiles those with other options), and each mode's
+    loop is compiled once and reused."""
+    model = _translation_model(3)
+    source = np.array([[3, 4, 5, 6]], "int32")
+    compiled = []
+    real = backend.compile_decoding
+
+    def compile_decoding(loop, variables, fast_step=None, beam_search=False):
+        compiled.append(beam_search)
+        return real(loop, variables, fast_step, beam_search=beam_search)
+
+    monkeypatch.setattr(backend, "compile_decoding", compile_decoding)
+    for sampling in ("greedy", "beam", "greedy", "top_k", "beam"):
+        model.generate(source, 3, start_token_id=1, sampling=sampling, num_beams=2, top_k=3, seed=1)
+    assert compiled == [False, True, False]
