@@ -126,8 +126,8 @@ GPU_DECODING_OPTIONS = {
 # for the variance) instead of three, the softmax and the argmax twice as
 # many. Without the pass, on a 2-core CPU at benchmarks/seq2seq_speed.py's
 # size: greedy decoding 1.07 times as fast at batch 1 and 4, sampling 1.03
-# to 1.08, 4-beam search 0.95 to 0.98 (so beam search keeps it), with the
-# same sums to the last bit on the vocabulary-sized reductions measured
+# to 1.08, 4-beam search 0.94 to 0.98 (so beam search keeps it); sums over
+# vocabulary-sized rows no less precise against float64
 # (benchmarks/README.md).
 CPU_DECODING_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
 _JIT_TAKES_OPTIONS = "compiler_options" in inspect.signature(jax.jit).parameters  # JAX 0.4.36+

@@ -405,7 +405,7 @@ class Generator:
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop)(*context)
+        sequences, scores = self._function(key, loop, beam_search=True)(*context)
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):
@@ -419,11 +419,11 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop):
+    def _function(self, key, loop, beam_search=False):
         """The compiled `loop` for one configuration, made once."""
         if key not in self._functions:
             self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step, beam_search=key[0] == "beam"
+                loop, self.variables(), self.fast_step, beam_search=beam_search
             )
         return self._functions[key]
 
