@@ -163,7 +163,7 @@ def stateless_uniform(like, seed, step):
     return current().stateless_uniform(like, seed, step)
 
 
-def compile_decoding(loop, variables, fast_step=None, beam_search=False):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     """A decoding loop made into the backend's fastest callable, which
     returns the loop's outputs as tensors or (on JAX) numpy arrays.
 
@@ -175,10 +175,11 @@ def compile_decoding(loop, variables, fast_step=None, beam_search=False):
             step outside the layers (`decoder_step`, `block_step`) or None,
             asked once per call (inside the trace where the loop compiles)
             so that it sees the current weights.
-        beam_search: whether the loop is a beam search (on JAX it compiles
-            with other XLA options on a CPU).
+        rows: the rows each step computes (sources times hypotheses), or
+            None; on JAX a CPU compiles a one-row loop with other XLA
+            options.
     """
-    return current().compile_decoding(loop, variables, fast_step, beam_search)
+    return current().compile_decoding(loop, variables, fast_step, rows)
 
 
 def decoder_step(embedding, blocks, final_norm):

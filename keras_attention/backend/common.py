@@ -228,7 +228,7 @@ def stateless_uniform(like, seed, step):
     )
 
 
-def compile_decoding(loop, variables, fast_step=None, beam_search=False):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     def function(*args):
         return loop(*args, step=None if fast_step is None else fast_step())
 

@@ -122,27 +122,29 @@ GPU_DECODING_OPTIONS = {
 }
 # XLA's CPU compiler rewrites every reduction over more than 32 elements
 # into a reduce-window and a reduce, two kernels where one would do: a layer
-# norm of a decoding step's rows becomes six kernels (two for the mean, two
+# norm of a decoding step's row becomes six kernels (two for the mean, two
 # for the variance) instead of three, the softmax and the argmax twice as
 # many. Without the pass, on a 2-core CPU at benchmarks/seq2seq_speed.py's
-# size: greedy decoding 1.07 times as fast at batch 1 and 4, sampling 1.03
-# to 1.08, 4-beam search 0.94 to 0.98 (so beam search keeps it); sums over
-# vocabulary-sized rows no less precise against float64
-# (benchmarks/README.md).
+# size, a step of one row: greedy decoding 1.07 times as fast, sampling
+# 1.03 to 1.08. A step of several rows is not faster (greedy at batch 4
+# 0.97 to 1.02, 4-beam search 0.94 to 0.98; a product and a norm chained,
+# 4 rows 4% and 16 rows 8% slower without the pass), so only one-row loops
+# take it. Sums over vocabulary-sized rows are no less precise against
+# float64 (benchmarks/README.md).
 CPU_DECODING_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
 _JIT_TAKES_OPTIONS = "compiler_options" in inspect.signature(jax.jit).parameters  # JAX 0.4.36+
 
 
-def decoding_compiler_options(platform, beam_search=False):
-    """XLA options for a decoding loop on `platform` (`jax.default_backend()`):
-    `GPU_DECODING_OPTIONS` on a GPU, `CPU_DECODING_OPTIONS` on a CPU but for
-    beam search, where this JAX passes options and its XLA knows them; else
-    none."""
+def decoding_compiler_options(platform, rows=None):
+    """XLA options for a decoding loop on `platform` (`jax.default_backend()`)
+    whose step computes `rows` rows (None: unknown): `GPU_DECODING_OPTIONS`
+    on a GPU, `CPU_DECODING_OPTIONS` on a CPU for one row, where this JAX
+    passes options and its XLA knows them; else none."""
     if not _JIT_TAKES_OPTIONS:
         return {}
     if platform == "gpu":
         options = GPU_DECODING_OPTIONS
-    elif platform == "cpu" and not beam_search:
+    elif platform == "cpu" and rows == 1:
         options = CPU_DECODING_OPTIONS
     else:
         return {}
@@ -162,7 +164,7 @@ def _accepted(items):
     return True
 
 
-def compile_decoding(loop, variables, fast_step=None, beam_search=False):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     """`jax.jit` of the loop as a pure function of the variables' values,
     with `decoding_compiler_options` for the default platform."""
     variables = list(variables)
@@ -174,7 +176,7 @@ def compile_decoding(loop, variables, fast_step=None, beam_search=False):
             # mapped above.
             return loop(*args, step=None if fast_step is None else fast_step())
 
-    options = decoding_compiler_options(jax.default_backend(), beam_search)
+    options = decoding_compiler_options(jax.default_backend(), rows)
     if options:
         jitted = jax.jit(stateless, compiler_options=options)
     else:

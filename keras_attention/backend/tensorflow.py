@@ -106,7 +106,7 @@ def stateless_uniform(like, seed, step):
     )
 
 
-def compile_decoding(loop, variables, fast_step=None, beam_search=False):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     # XLA fuses a step's few hundred small ops: without it the graph
     # executor's per-op overhead is most of a step on a CPU.
     def traced(*args):

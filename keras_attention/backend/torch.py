@@ -285,7 +285,7 @@ def stateless_uniform(like, seed, step):
     return noise.clamp_min_(1e-12).to(like.device)
 
 
-def compile_decoding(loop, variables, fast_step=None, beam_search=False):
+def compile_decoding(loop, variables, fast_step=None, rows=None):
     """The loop run eagerly without autograd, on the fast step if any."""
 
     def function(*args):

@@ -339,8 +339,9 @@ class Generator:
                 vocabulary_size=self.vocabulary_size, **options,
             )
 
-        key = ("sample", total, ragged) + tuple(sorted(options.items()))
-        outputs = self._function(key, loop)(
+        rows = prompt.shape[0]
+        key = ("sample", rows, total, ragged) + tuple(sorted(options.items()))
+        outputs = self._function(key, loop, rows)(
             prompt.astype("int32", copy=False), *lengths, *noise, *context
         )
         if not return_scores:
@@ -405,7 +406,7 @@ class Generator:
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop, beam_search=True)(*context)
+        sequences, scores = self._function(key, loop, batch * num_beams)(*context)
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):
@@ -419,11 +420,12 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop, beam_search=False):
-        """The compiled `loop` for one configuration, made once."""
+    def _function(self, key, loop, rows):
+        """The compiled `loop` for one configuration (its step computing
+        `rows` rows), made once."""
         if key not in self._functions:
             self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step, beam_search=beam_search
+                loop, self.variables(), self.fast_step, rows=rows
             )
         return self._functions[key]
 

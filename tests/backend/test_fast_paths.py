@@ -358,25 +358,27 @@ def test_compiled_decoding_computes_the_loop():
 def test_decoding_options_are_options_xla_knows(monkeypatch):
     """JAX's decoding loops compile with XLA options per platform
     (`decoding_compiler_options`): on a GPU XLA's command buffers for
-    `while` loops, on a CPU (but for beam search) without the pass that
+    `while` loops, on a CPU, for a step of one row, without the pass that
     splits every reduction into two kernels. XLA parses the options on any
     platform, so a name or a value this jaxlib does not know fails here: a
     `while` loop compiled with the GPU's counts as it should, a sum
     compiled with the CPU's is one reduction and not a reduce-window and a
     reduce (on this machine's platform, a CPU) and still sums, and options
     XLA refuses are dropped rather than passed. Under the JAX backend,
-    `compile_decoding` passes each platform's options, none to beam search
-    on a CPU, and the loop still computes."""
+    `compile_decoding` passes each platform's options, on a CPU none to a
+    loop of several rows or of rows not given, and the loop still
+    computes."""
     import jax
 
     from keras_attention.backend import jax as jax_backend
 
-    assert jax_backend.decoding_compiler_options("cpu") == jax_backend.CPU_DECODING_OPTIONS
-    assert jax_backend.decoding_compiler_options("cpu", beam_search=True) == {}
-    assert jax_backend.decoding_compiler_options("tpu") == {}
+    assert jax_backend.decoding_compiler_options("cpu", rows=1) == jax_backend.CPU_DECODING_OPTIONS
+    assert jax_backend.decoding_compiler_options("cpu", rows=4) == {}
+    assert jax_backend.decoding_compiler_options("cpu") == {}
+    assert jax_backend.decoding_compiler_options("tpu", rows=1) == {}
     options = jax_backend.decoding_compiler_options("gpu")
     assert options == jax_backend.GPU_DECODING_OPTIONS
-    assert jax_backend.decoding_compiler_options("gpu", beam_search=True) == options
+    assert jax_backend.decoding_compiler_options("gpu", rows=1) == options
     assert {"WHILE", "CONDITIONAL", "FUSION"} <= set(
         options["xla_gpu_enable_command_buffer"].split(",")
     )
@@ -413,29 +415,31 @@ def test_decoding_options_are_options_xla_knows(monkeypatch):
     x, w = _normal((4, 8)), _normal((8, 3), 1)
     for platform in ("gpu", "cpu"):
         monkeypatch.setattr(jax_backend.jax, "default_backend", lambda: platform)
-        for beam_search in (False, True):
+        for rows in (1, 4):
             compiled = backend.compile_decoding(
-                lambda x, w, step=None: keras.ops.matmul(x, w), [], beam_search=beam_search
+                lambda x, w, step=None: keras.ops.matmul(x, w), [], rows=rows
             )
             np.testing.assert_allclose(compiled(x, w), x @ w, rtol=1e-5, atol=1e-5)
     cpu = jax_backend.CPU_DECODING_OPTIONS
     assert seen == [options, options, cpu, None]
 
 
-def test_generation_compiles_beam_search_as_beam_search(monkeypatch):
-    """`generate` tells `compile_decoding` which loops are beam searches
-    (on JAX a CPU compiles those with other options), and each mode's
-    loop is compiled once and reused."""
+def test_generation_compiles_each_loop_for_the_rows_of_its_step(monkeypatch):
+    """`generate` tells `compile_decoding` how many rows each loop's step
+    computes (on JAX a CPU compiles one-row loops with other options):
+    sources for sampling, sources times beams for beam search; each
+    configuration's loop is compiled once and reused."""
     model = _translation_model(3)
-    source = np.array([[3, 4, 5, 6]], "int32")
+    one, two = np.array([[3, 4, 5, 6]], "int32"), np.array([[3, 4, 5, 6], [7, 8, 9, 10]], "int32")
     compiled = []
     real = backend.compile_decoding
 
-    def compile_decoding(loop, variables, fast_step=None, beam_search=False):
-        compiled.append(beam_search)
-        return real(loop, variables, fast_step, beam_search=beam_search)
+    def compile_decoding(loop, variables, fast_step=None, rows=None):
+        compiled.append(rows)
+        return real(loop, variables, fast_step, rows=rows)
 
     monkeypatch.setattr(backend, "compile_decoding", compile_decoding)
-    for sampling in ("greedy", "beam", "greedy", "top_k", "beam"):
+    calls = [(one, "greedy"), (one, "beam"), (two, "greedy"), (one, "greedy"), (one, "top_k"), (two, "beam")]
+    for source, sampling in calls:
         model.generate(source, 3, start_token_id=1, sampling=sampling, num_beams=2, top_k=3, seed=1)
-    assert compiled == [False, True, False]
+    assert compiled == [1, 2, 2, 1, 4]
