@@ -77,9 +77,11 @@ def main(argv=None):
 
         from keras_attention.backend import jax as jax_backend
 
-        results["decoding_xla_options"] = jax_backend.decoding_compiler_options(
-            jax.default_backend()
-        )
+        platform = jax.default_backend()
+        results["decoding_xla_options"] = {
+            "one_row": jax_backend.decoding_compiler_options(platform, rows=1),
+            "several_rows": jax_backend.decoding_compiler_options(platform, rows=2),
+        }
     print(json.dumps(results), flush=True)
     results["train"] = training(train, _measure, config, args)
     print(json.dumps(results["train"]), flush=True)
