@@ -443,3 +443,81 @@ def test_generation_compiles_each_loop_for_the_rows_of_its_step(monkeypatch):
     for source, sampling in calls:
         model.generate(source, 3, start_token_id=1, sampling=sampling, num_beams=2, top_k=3, seed=1)
     assert compiled == [1, 2, 2, 1, 4]
+
+
+def _greedy_by_recomputation(model, source, new_tokens, start):
+    """Greedy decoding by the full forward pass over the whole target at
+    every step (no cache, no compiled loop)."""
+    tokens = np.full((source.shape[0], 1), start, "int32")
+    for _ in range(new_tokens):
+        logits = model({"encoder_token_ids": source, "decoder_token_ids": tokens})
+        best = np.argmax(keras.ops.convert_to_numpy(logits)[:, -1], axis=-1)
+        tokens = np.concatenate([tokens, best[:, None].astype("int32")], axis=1)
+    return tokens
+
+
+def _loops(model):
+    """The model's compiled decoding loops, in the order they were made."""
+    return list(model._get_generator()._functions.values())
+
+
+def test_decoding_reads_weights_that_change_after_the_loop_compiled(monkeypatch):
+    """A loop compiled at the first call decodes with whatever weights a later
+    call finds: assigned ones, then the first ones again. On JAX on a CPU a
+    one-row loop first compiles the weights in as constants and, once they
+    change, takes them as arguments (a several-row loop always does);
+    weights of more than `CONSTANT_WEIGHTS_BYTES` are arguments from the
+    first call, decoding alike."""
+    model = _translation_model(3)
+    first = [keras.ops.convert_to_numpy(v) for v in model.weights]
+    source = np.array([[3, 4, 5, 6, 7]], "int32")
+    before = model.generate(source, 5, start_token_id=1)
+    np.testing.assert_array_equal(before, _greedy_by_recomputation(model, source, 5, 1))
+    np.testing.assert_array_equal(model.generate(source, 5, start_token_id=1), before)
+    (loop,) = _loops(model)
+    embeds = BACKEND == "jax" and _jax_platform() == "cpu"
+    if BACKEND == "jax":
+        assert loop.compiled_weights() is embeds
+
+    rng = np.random.default_rng(11)
+    for variable in model.weights:
+        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    after = model.generate(source, 5, start_token_id=1)
+    np.testing.assert_array_equal(after, _greedy_by_recomputation(model, source, 5, 1))
+    assert not np.array_equal(after, before)
+    assert _loops(model) == [loop]  # the same configuration's loop
+    if BACKEND == "jax":
+        assert not loop.compiled_weights()
+
+    for variable, value in zip(model.weights, first):
+        variable.assign(value)
+    np.testing.assert_array_equal(model.generate(source, 5, start_token_id=1), before)
+    if BACKEND == "jax":
+        assert not loop.compiled_weights()  # once changed, always arguments
+
+    # Several rows a step: arguments from the first call.
+    two = np.concatenate([source, source[:, ::-1]])
+    np.testing.assert_array_equal(
+        model.generate(two, 4, start_token_id=1), _greedy_by_recomputation(model, two, 4, 1)
+    )
+    if BACKEND == "jax":
+        assert not _loops(model)[-1].compiled_weights()
+
+    if BACKEND == "jax":
+        from keras_attention.backend import jax as jax_backend
+
+        size = sum(value.nbytes for value in first)
+        monkeypatch.setattr(jax_backend, "CONSTANT_WEIGHTS_BYTES", size - 1)
+        limited = _translation_model(3)
+        np.testing.assert_array_equal(limited.generate(source, 5, start_token_id=1), before)
+        assert not _loops(limited)[0].compiled_weights()
+        monkeypatch.setattr(jax_backend, "CONSTANT_WEIGHTS_BYTES", size)
+        exact = _translation_model(3)
+        np.testing.assert_array_equal(exact.generate(source, 5, start_token_id=1), before)
+        assert _loops(exact)[0].compiled_weights() is embeds
+
+
+def _jax_platform():
+    import jax
+
+    return jax.default_backend()
