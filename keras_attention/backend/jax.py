@@ -186,12 +186,14 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
     """`jax.jit` of the loop as a pure function of the variables' values,
     with `decoding_compiler_options` for the default platform.
 
-    On a CPU, when the first call of a one-row loop finds weights of at most
-    `CONSTANT_WEIGHTS_BYTES` on one device, the loop compiles them in as
-    constants (`_weights_to_embed`). A later call that finds other weights
-    (assigned, trained, loaded) compiles the loop once more taking the
-    weights as arguments, and keeps that one: a model that changes once
-    changes again.
+    On a CPU a one-row loop whose weights are at most
+    `CONSTANT_WEIGHTS_BYTES` on one device (`_weights_to_embed`) takes them
+    as arguments until two calls in a row find the same arrays; it then
+    compiles them in as constants, once. A later call that finds other
+    weights (assigned, trained, loaded) goes back to the program taking
+    them as arguments, for good: a model that changed once changes again.
+    So a model sampled between training intervals compiles its loop once,
+    and one decoding call after call with the same weights twice.
     """
     variables = list(variables)
 
@@ -208,21 +210,30 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
         return jax.jit(fn, compiler_options=options) if options else jax.jit(fn)
 
     # `embedded`: the weights compiled in and that program, while they are
-    # the variables' values; `with_arguments`: the program taking them.
-    state = {"embedded": None, "with_arguments": None, "first": True}
+    # the variables' values; `may_embed`: whether this loop may still compile
+    # them in (None until its first call); `previous`: the identities of the
+    # arrays the last call found.
+    state = {"embedded": None, "with_arguments": None, "may_embed": None, "previous": None}
 
     def call(values, args):
         embedded = state["embedded"]
         if embedded is not None:
             weights, program = embedded
-            if len(weights) == len(values) and all(map(operator.is_, weights, values)):
+            if all(map(operator.is_, weights, values)):
                 return program(*args)
-            state["embedded"] = None  # other weights: no longer compiled in
-        elif state["first"] and rows == 1 and _weights_to_embed(values):
-            weights = list(values)
-            program = jit(functools.partial(stateless, weights))
-            state["embedded"] = (weights, program)
-            return program(*args)
+            # Other weights: a model that changed once changes again.
+            state["embedded"], state["may_embed"] = None, False
+        elif state["may_embed"] is None:  # the first call
+            state["may_embed"] = rows == 1 and _weights_to_embed(values)
+            state["previous"] = tuple(map(id, values))
+        elif state["may_embed"]:
+            identities = tuple(map(id, values))
+            if identities == state["previous"]:  # the same weights twice in a row
+                weights = list(values)
+                program = jit(functools.partial(stateless, weights))
+                state["embedded"] = (weights, program)
+                return program(*args)
+            state["previous"] = identities
         if state["with_arguments"] is None:
             state["with_arguments"] = jit(stateless)
         return state["with_arguments"](values, *args)
@@ -233,7 +244,6 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
         # in a short translation every step of Python before and after the
         # compiled call runs with cold caches (benchmarks/README.md).
         outputs = call(_values(variables), args)
-        state["first"] = False
         if isinstance(outputs, tuple):
             return tuple(np.array(output) for output in outputs)
         return np.array(outputs)
