@@ -166,19 +166,19 @@ def _accepted(items):
 
 
 # On a CPU a one-row decoding loop compiles a small model's weights into the
-# program as constants, as long as they stay the weights its first call
-# found: a call then passes only its inputs. At benchmarks/seq2seq_speed.py's
-# size (91 arrays, 2.3 MB) handing the arrays to the compiled call took
-# about 80 us with the caches cold after another model's call (a 32-token
-# greedy translation takes about 1.6 ms), and the arrays derived from the
-# weights (the transposed output table, the concatenated projections) are
-# folded when the program compiles instead of made at every call: greedy
-# decoding at batch 1 1.06 to 1.13 times as fast in one process. Steps of
-# several rows were slower with constant weights (YNNPACK's products; greedy
-# at batch 4 0.87 and 1.00, 4 beams at batch 1 0.89 and 0.97), so they take
-# the weights as arguments. Larger weights would be a second copy in memory
-# for a fixed cost that matters less beside their products
-# (benchmarks/README.md).
+# program as constants once two calls in a row have found the same ones, as
+# long as they stay those: a call then passes only its inputs. At
+# benchmarks/seq2seq_speed.py's size (91 arrays, 2.3 MB) handing the arrays
+# to the compiled call took about 80 us with the caches cold after another
+# model's call (a 32-token greedy translation takes about 1.6 ms), and the
+# arrays derived from the weights (the transposed output table, the
+# concatenated projections) are folded when the program compiles instead of
+# made at every call: greedy decoding at batch 1 1.00 to 1.13 times as fast
+# in one process (median 1.06 over ten runs). Steps of several rows were
+# slower with constant weights (YNNPACK's products; greedy at batch 4 0.87
+# and 1.00, 4 beams at batch 1 0.89 and 0.97), so they take the weights as
+# arguments. Larger weights would be a second copy in memory for a fixed
+# cost that matters less beside their products (benchmarks/README.md).
 CONSTANT_WEIGHTS_BYTES = 16 * 2**20
 
 
