@@ -25,10 +25,10 @@ out. A block's step here differs from the layers' in four ways:
   matrix of the queries (`_attend`): per-head einsums have XLA transpose the
   whole cache at every step, which made a step's time grow with the cache
   twice as fast;
-- a decoder-only model's loop carries each block's keys and values apart,
-  in the shape those matmuls read (`split_caches`, the step's
-  `enter_caches` and `leave_caches`), not the layers' packed cache, out of
-  which XLA copied both at every step.
+- a decoder-only model's loop carries each block's caches in the grouped
+  layout below (`group_caches`, the step's `enter_caches` and
+  `leave_caches`), not the layers' packed cache, out of which XLA copied
+  the keys and the values at every step.
 
 Every kernel a step multiplies by is cast to the compute dtype once, when
 the step is made (`_Projection`), not at every step as the layers cast
@@ -93,7 +93,10 @@ def block_step(block):
 
 def decoder_step(embedding, blocks, final_norm):
     """`step(token_ids, caches, index) -> (logits, caches)` for a
-    decoder-only model, or None when a block is not on the allow-lists."""
+    decoder-only model, or None when a block is not on the allow-lists.
+    The step takes the layers' caches, or in a compiled loop the grouped
+    ones its `enter_caches` makes (`group_caches`, undone by
+    `leave_caches`)."""
     steps = [block_step(block) for block in blocks]
     if any(step is None for step in steps):
         return None
@@ -102,41 +105,41 @@ def decoder_step(embedding, blocks, final_norm):
         x = embedding(token_ids, start_index=index)  # (B, 1, D)
         updated = []
         for block_step_, cache in zip(steps, caches):
-            x, cache = block_step_(x, cache, index)
+            if isinstance(cache, tuple):  # grouped: keys (B G, K, L), values (B G, L, K)
+                visible = grouped_visible(index, cache[0].shape[-1])
+                x, cache = block_step_.grouped(x, cache, index, visible)
+            else:
+                x, cache = block_step_(x, cache, index)
             updated.append(cache)
         if final_norm is not None:
             x = final_norm(x)
         return embedding(x, reverse=True), tuple(updated)  # (B, 1, V)
 
-    step.enter_caches = split_caches
-    step.leave_caches = lambda caches: pack_caches(caches, [s.kv_heads for s in steps])
+    step.enter_caches = group_caches
+    step.leave_caches = lambda caches: ungroup_caches(caches, [s.kv_heads for s in steps])
     return step
 
 
-def split_caches(caches):
-    """Per block, the layers' cache `(B, 2, L, G, K)` as its keys and values
-    apart, each `(B, L, G K)`, or `(L, G K)` for one row: what a compiled
-    loop carries (`cache_windows.Phases.while_loop`), in the shape the
-    step's products read. From the packed cache XLA copied both out at
-    every step (2 MB a step for GPT's 4 blocks at 512 positions); from any
-    other shape it wrote each step's slot twice, once into a copy of the
-    whole cache in the products' shape (benchmarks/README.md)."""
-    split = []
-    for cache in caches:
-        batch, _, length, groups, head_size = cache.shape
-        shape = (length, groups * head_size) if batch == 1 else (batch, length, groups * head_size)
-        split.append(tuple(ops.reshape(x, shape) for x in kv_cache.read(cache)))
-    return tuple(split)
+def group_caches(caches):
+    """Per block, the layers' cache `(B, 2, L, G, K)` in the grouped layout
+    (module docstring): keys `(B G, K, L)` and values `(B G, L, K)`, what a
+    compiled loop carries (`cache_windows.Phases.while_loop`). A step then
+    attends per key/value head over the cache as it lies; from `(L, G K)`
+    (keys and values apart, as they lie in the layers' cache) it took `G`
+    times the multiply-adds over a long cache and XLA transposed a short
+    one at every step (benchmarks/README.md)."""
+    return tuple(grouped_cross_cache(cache) for cache in caches)
 
 
-def pack_caches(caches, groups):
-    """`split_caches` undone: per block `(B, 2, L, G, K)`, for the blocks'
+def ungroup_caches(caches, groups):
+    """`group_caches` undone: per block `(B, 2, L, G, K)`, for the blocks'
     numbers of key/value heads `groups`."""
     packed = []
     for (keys, values), groups in zip(caches, groups):
-        length, width = keys.shape[-2:]
-        shape = (-1, length, groups, width // groups)
-        packed.append(kv_cache.pack(ops.reshape(keys, shape), ops.reshape(values, shape)))
+        head_size, length = keys.shape[1], keys.shape[2]
+        keys = ops.transpose(ops.reshape(keys, (-1, groups, head_size, length)), (0, 3, 1, 2))
+        values = ops.transpose(ops.reshape(values, (-1, groups, length, head_size)), (0, 2, 1, 3))
+        packed.append(kv_cache.pack(keys, values))  # (B, 2, L, G, K)
     return tuple(packed)
 
 
@@ -443,21 +446,8 @@ class _BlockStep:
         def self_attend(h):
             nonlocal self_cache
             q, k, v = self._project(h)  # (B, 1, H, K), (B, 1, G, K) twice
-            if isinstance(self_cache, tuple):  # keys and values apart (`split_caches`)
-                batch = ops.shape(h)[0]
-                length, width = self_cache[0].shape[-2:]
-                one_row = len(self_cache[0].shape) == 2
-                start = (index, 0) if one_row else (0, index, 0)
-                slot = (1, width) if one_row else (batch, 1, width)
-                self_cache = tuple(
-                    ops.slice_update(cache, start, ops.cast(ops.reshape(x, slot), cache.dtype))
-                    for cache, x in zip(self_cache, (k, v))
-                )
-                shape = (batch, length, self.kv_heads, self.head_size)
-                keys, values = (ops.reshape(x, shape) for x in self_cache)
-            else:
-                self_cache = kv_cache.write(self_cache, k, v, index)
-                keys, values = kv_cache.read(self_cache)  # (B, L, G, K)
+            self_cache = kv_cache.write(self_cache, k, v, index)
+            keys, values = kv_cache.read(self_cache)  # (B, L, G, K)
             seen = ops.arange(keys.shape[1]) <= index  # (L,)
             attended = _attend(q, keys, values, seen[None], self.scale)
             attended = ops.reshape(attended, (ops.shape(h)[0], 1, -1))  # (B, 1, H K)

@@ -283,22 +283,25 @@ def test_cross_attention_is_absorbed_only_where_it_is_no_more_arithmetic():
     assert not compiled_steps.absorbs_cross_attention(layer, None)
 
 
-# What a compiled loop carries for a decoder-only model: each block's keys
-# and values apart (`split_caches`), back to the layers' cache after it.
+# What a compiled loop carries for a decoder-only model: each block's cache
+# in the grouped layout (`group_caches`), back to the layers' cache after it.
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_split_caches_hold_the_keys_and_values_and_pack_back(batch):
-    """`(B, L, G K)` each, `(L, G K)` for one row, from the layers' `(B, 2,
-    L, G, K)`; `pack_caches` gives the layers' caches back as they were."""
+def test_grouped_caches_hold_the_keys_and_values_and_pack_back(batch):
+    """Keys `(B G, K, L)` and values `(B G, L, K)` from the layers' `(B, 2,
+    L, G, K)`; `ungroup_caches` gives the layers' caches back as they
+    were."""
     rng = np.random.default_rng(batch)
     caches = tuple(rng.normal(size=(batch, 2, 5, 2, 3)).astype("float32") for _ in range(2))
-    split = compiled_steps.split_caches(tuple(keras.ops.convert_to_tensor(c) for c in caches))
-    for (keys, values), cache in zip(split, caches):
-        expected = (5, 6) if batch == 1 else (batch, 5, 6)
-        assert tuple(keys.shape) == tuple(values.shape) == expected
-        np.testing.assert_array_equal(harness.to_numpy(keys), cache[:, 0].reshape(expected))
-        np.testing.assert_array_equal(harness.to_numpy(values), cache[:, 1].reshape(expected))
-    packed = compiled_steps.pack_caches(split, [2, 2])
+    grouped = compiled_steps.group_caches(tuple(keras.ops.convert_to_tensor(c) for c in caches))
+    for (keys, values), cache in zip(grouped, caches):
+        assert tuple(keys.shape) == (batch * 2, 3, 5)
+        assert tuple(values.shape) == (batch * 2, 5, 3)
+        for b in range(batch):
+            for g in range(2):
+                np.testing.assert_array_equal(harness.to_numpy(keys)[b * 2 + g], cache[b, 0, :, g].T)
+                np.testing.assert_array_equal(harness.to_numpy(values)[b * 2 + g], cache[b, 1, :, g])
+    packed = compiled_steps.ungroup_caches(grouped, [2, 2])
     for got, cache in zip(packed, caches):
         np.testing.assert_array_equal(harness.to_numpy(got), cache)

@@ -221,8 +221,8 @@ def test_default_windows_follow_the_backend():
 @pytest.mark.parametrize("batch", [1, 2])
 def test_greedy_in_phases_equals_one_phase_and_recomputing(phases_seen, monkeypatch, batch):
     # A prompt of 10 is past the first window (8): phases of 12, 16 and 24.
-    # Under a compiler the loop carries each block's keys and values apart,
-    # `(L, G K)` for one row (`compiled_steps.split_caches`).
+    # Under a compiler the loop carries each block's cache in the grouped
+    # layout (`compiled_steps.group_caches`).
     prompt = np.random.default_rng(1).integers(0, V, (batch, 10)).astype("int32")
     windowed = _gpt().generate(prompt, max_new_tokens=14)
     assert phases_seen == [(12, 16, 24)]
