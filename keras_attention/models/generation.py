@@ -25,8 +25,9 @@ through its layers with their KV caches, and the empty caches to start from.
   torch operations where the model's layers allow one), made once per
   sampling configuration and total length and kept. Every call reads the
   weights the variables hold then; on JAX on a CPU a one-row loop of a
-  small model compiles them in while they stay the ones its first call
-  found, and compiles once more taking them as arguments when they change.
+  small model compiles them in at the second call in a row that finds the
+  same ones, and goes back to taking them as arguments, for good, when
+  they change.
 
 A fast step (outside the layers) may keep its caches in a layout of its own.
 It then brings their makers, `empty_caches(batch, length, *context)` and
