@@ -193,7 +193,7 @@ def compile_decoding(loop, variables, fast_step=None, rows=None):
     weights (assigned, trained, loaded) goes back to the program taking
     them as arguments, for good: a model that changed once changes again.
     So a model sampled between training intervals compiles its loop once,
-    and one decoding call after call with the same weights twice.
+    and a model that decodes call after call with the same weights twice.
     """
     variables = list(variables)
 
