@@ -175,7 +175,7 @@ def _accepted(items):
 # concatenated projections) are folded when the program compiles instead of
 # made at every call: greedy decoding at batch 1 1.00 to 1.13 times as fast
 # in one process (median 1.06 over ten runs). Steps of several rows were
-# slower with constant weights (YNNPACK's products; greedy at batch 4 0.87
+# slower with constant weights (why is not known; greedy at batch 4 0.87
 # and 1.00, 4 beams at batch 1 0.89 and 0.97), so they take the weights as
 # arguments. Larger weights would be a second copy in memory for a fixed
 # cost that matters less beside their products (benchmarks/README.md).
