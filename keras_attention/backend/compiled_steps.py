@@ -128,7 +128,7 @@ def group_caches(caches):
     (keys and values apart, as they lie in the layers' cache) it took `G`
     times the multiply-adds over a long cache and XLA transposed a short
     one at every step (benchmarks/README.md)."""
-    return tuple(grouped_cross_cache(cache) for cache in caches)
+    return tuple(grouped_cache(cache) for cache in caches)
 
 
 def ungroup_caches(caches, groups):
@@ -226,8 +226,9 @@ def grouped_self_cache(batch, length, beams, groups, head_size, dtype):
     return keys, values
 
 
-def grouped_cross_cache(cache):
-    """A layers' cross cache `(B, 2, S, G, K)` in the grouped layout: keys
+def grouped_cache(cache):
+    """A layers' cache `(B, 2, S, G, K)` (cross-attention's, or a decoder-only
+    model's self-attention cache in its loop) in the grouped layout: keys
     `(B G, K, S)` and values `(B G, S, K)`."""
     keys, values = kv_cache.read(cache)  # (B, S, G, K)
     batch, length, groups, head_size = keys.shape
@@ -489,7 +490,7 @@ class _BlockStep:
         cross = self.block.cross_attention
         if absorb and absorbs_cross_attention(cross, cache.shape[2]):
             return absorbed_cross_cache(cache, cross, self.cross_scale)
-        return grouped_cross_cache(cache)
+        return grouped_cache(cache)
 
     def grouped(self, x, self_cache, index, visible, cross_cache=None, cross_mask=None):
         """The step in the grouped layout (module docstring).
@@ -503,7 +504,7 @@ class _BlockStep:
             visible: bool `(B|1, E|1, L E)`, the slots each hypothesis
                 reads (`grouped_visible`).
             cross_cache: optional `(keys (B G, K, S), values (B G, S, K))`
-                (`grouped_cross_cache`), or the three arrays of
+                (`grouped_cache`), or the three arrays of
                 `absorbed_cross_cache` (`grouped_cross`'s result either way).
             cross_mask: optional bool `(B, S)`, True at source tokens.
 

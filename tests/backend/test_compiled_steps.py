@@ -118,10 +118,10 @@ def test_attend_takes_the_matmuls_for_a_long_cache(groups):
 def _grouped(keys, values):
     """`(B, n, G, K)` keys and values in the grouped layout."""
     cache = kv_cache.pack(keras.ops.convert_to_tensor(keys), keras.ops.convert_to_tensor(values))
-    return compiled_steps.grouped_cross_cache(cache)
+    return compiled_steps.grouped_cache(cache)
 
 
-def test_grouped_cross_cache_lays_out_each_head_per_source():
+def test_grouped_cache_lays_out_each_head_per_source():
     rng = np.random.default_rng(2)
     keys, values = rng.normal(size=(2, 2, 5, 3, 4)).astype("float32")  # (B, n, G, K) each
     grouped_keys, grouped_values = (harness.to_numpy(x) for x in _grouped(keys, values))
