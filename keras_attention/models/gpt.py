@@ -8,8 +8,6 @@ heads, `K` head size.
 import keras
 
 from keras_attention import _validation
-from keras_attention import backend
-from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
 from keras_attention.layers._dropout import Dropout
@@ -191,17 +189,6 @@ class GPT(layouts.TensorParallel, keras.Model):
         return super().__call__(token_ids, *args, **kwargs)
 
     def call(self, token_ids, padding_mask=None, training=None):
-        if padding_mask is None and not kernels.is_observed():
-            logits = backend.decoder_forward(
-                self.embedding,
-                self.decoder.blocks,
-                self.decoder.output_layer_norm,
-                token_ids,
-                training,
-                embedding_dropout=self.embedding_dropout,
-            )  # (B, T, V), or None: the layers
-            if logits is not None:
-                return logits
         x = self.embedding(token_ids)  # (B, T, D)
         x = self.embedding_dropout(x, training=training)
         x = self.decoder(x, decoder_padding_mask=padding_mask, training=training)
@@ -329,7 +316,6 @@ class GPT(layouts.TensorParallel, keras.Model):
                 variables=lambda: self.variables,
                 vocabulary_size=self.vocabulary_size,
                 max_length=self.max_sequence_length,
-                fast_step=self._fast_step,
             )
         return self._generator.generate(
             prompt,
@@ -342,15 +328,6 @@ class GPT(layouts.TensorParallel, keras.Model):
             stop_token_ids=stop_token_ids,
             prompt_padding_mask=prompt_padding_mask,
             pad_token_id=pad_token_id,
-        )
-
-    def _fast_step(self):
-        """The decoding step in the backend's own operations, or None (also
-        while `kernels.recording()` is open: only the layers record)."""
-        if kernels.is_recording():
-            return None
-        return backend.decoder_step(
-            self.embedding, self.decoder.blocks, self.decoder.output_layer_norm
         )
 
     def _check_ids(self, name, ids):
