@@ -28,6 +28,7 @@ import keras
 from keras import ops
 
 from keras_attention.models import cache_windows
+from keras_attention.models import sampling
 
 NEGATIVE = -1e30  # a finite "minus infinity": arithmetic on it stays finite
 
@@ -39,7 +40,7 @@ def take_rows(caches, rows):
 
 def beam_search(
     step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
-    length_penalty, reorder=take_rows, phases=None, batch=None,
+    length_penalty, reorder=take_rows, phases=None, batch=None, excluded=None,
 ):
     """The `K` best hypotheses per source and their scores.
 
@@ -62,6 +63,7 @@ def beam_search(
             of length `L`.
         batch: the number of sources `B`; by default the rows of the
             caches' first leaf over `K` (caches of `B K` rows).
+        excluded: optional id never chosen (`generation.decode`'s).
 
     Returns:
         `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
@@ -92,8 +94,10 @@ def beam_search(
         logits, caches = step(tokens, caches, i)  # (B K, 1, V)
         logits = ops.cast(logits[:, -1], "float32")
         vocabulary = logits.shape[-1]
+        # The model's log-probabilities; an excluded token is never chosen.
         token_log_prob = ops.reshape(
-            ops.log_softmax(logits, axis=-1), (batch, beams, vocabulary)
+            sampling.exclude(ops.log_softmax(logits, axis=-1), excluded, NEGATIVE),
+            (batch, beams, vocabulary),
         )
         candidates = ops.reshape(
             log_prob[:, :, None] + token_log_prob, (batch, beams * vocabulary)

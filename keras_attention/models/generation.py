@@ -92,7 +92,7 @@ def prompt_lengths(prompt, prompt_padding_mask):
 def decode(
     step, caches, ids, in_prompt, limits, seed, temperature, top_p,
     *, sampling, top_k, stop, pad_token_id, start, vocabulary_size, with_scores=False,
-    phases=None,
+    phases=None, excluded=None,
 ):
     """The decoding loop, in `keras.ops`.
 
@@ -112,6 +112,9 @@ def decode(
         phases: the loop's `cache_windows.Phases`; by default one phase
             over `caches` of length `L`.
         vocabulary_size: `V`, static.
+        excluded: optional static id that is never chosen (a model's pad
+            id, which its forward pass reads as padding); the scores are
+            still the model's own log-probabilities.
 
     Returns:
         int32 `(B, L)`; with `with_scores`, then float32 `(B,)` and int32
@@ -147,7 +150,7 @@ def decode(
     def choose(i, ids, next_logits, done, scores):
         """The token at position `i` of each row, written into `ids`."""
         sampled = sampling_lib.next_token(
-            next_logits, sampling, temperature, top_k, top_p, seed, i
+            sampling_lib.exclude(next_logits, excluded), sampling, temperature, top_k, top_p, seed, i
         )  # (B,)
         given = ops.take(ids, i, axis=1)  # (B,) prompt token or padding
         from_prompt = ops.take(in_prompt, i, axis=1)  # (B,)
@@ -225,11 +228,15 @@ class Generator:
         reorder_caches: optional `reorder_caches(caches, rows) -> caches`
             for beam search (`beam_search.beam_search`'s `reorder`); by
             default every leaf follows the surviving hypotheses.
+        pad_is_padding: whether the model's forward pass reads the pad id
+            as padding (a translation model's decoder mask): the pad id is
+            then never generated, so that the model's full pass scores a
+            generated sequence as `return_scores` says.
     """
 
     def __init__(
         self, step, empty_caches, variables, vocabulary_size, max_length,
-        max_length_name="max_sequence_length", reorder_caches=None,
+        max_length_name="max_sequence_length", reorder_caches=None, pad_is_padding=False,
     ):
         self.step = step
         self.empty_caches = empty_caches
@@ -238,6 +245,7 @@ class Generator:
         self.max_length = max_length
         self.max_length_name = max_length_name
         self.reorder_caches = reorder_caches or beam_search_lib.take_rows
+        self.pad_is_padding = bool(pad_is_padding)
         self._functions = {}
 
     def check_token(self, name, token):
@@ -292,6 +300,7 @@ class Generator:
         options = dict(
             sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
             start=start, with_scores=bool(return_scores),
+            excluded=pad_token_id if self.pad_is_padding else None,
         )
         # Only what the mode reads is passed: each argument of a compiled
         # call costs time to convert and check (20 to 36 us on TensorFlow
@@ -359,6 +368,7 @@ class Generator:
         options = dict(
             num_beams=num_beams, end_token_id=end_token_id, pad_token_id=pad_token_id,
             length_penalty=float(length_penalty),
+            excluded=pad_token_id if self.pad_is_padding else None,
         )
 
         def loop(*context):

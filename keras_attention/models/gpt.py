@@ -82,6 +82,11 @@ class GPT(layouts.TensorParallel, keras.Model):
         - [Holtzman et al., 2020 (top-p sampling)](https://arxiv.org/abs/1904.09751)
     """
 
+    # The decoder stack; a subclass may name its own (blocks that override
+    # `call`, attention layers that override `_compute_attention`): training,
+    # inference and `generate` all run its layers.
+    decoder_class = TransformerDecoder
+
     def __init__(
         self,
         vocabulary_size,
@@ -144,7 +149,7 @@ class GPT(layouts.TensorParallel, keras.Model):
             dropout, seed=seed, dtype=self.dtype_policy, name="embedding_dropout"
         )
         # Decoder blocks, with the final layer norm of a pre-norm stack.
-        self.decoder = TransformerDecoder(
+        self.decoder = self.decoder_class(
             num_layers,
             intermediate_dim,
             num_heads,
@@ -264,8 +269,10 @@ class GPT(layouts.TensorParallel, keras.Model):
         only with the keys and values it reads). The whole loop is compiled
         once per shape and sampling configuration (`jax.jit` on JAX,
         `tf.function` with XLA on TensorFlow; torch runs it eagerly without
-        autograd, each step in plain torch operations). The loop is the
-        package's generation core (`keras_attention.models.generation`).
+        autograd). Each step is the model's own layers, so a subclass's
+        override of a block's or an attention layer's call takes effect
+        here too. The loop is the package's generation core
+        (`keras_attention.models.generation`).
 
         Args:
             prompt_ids: int `(B, P)` prompts.

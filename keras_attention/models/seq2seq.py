@@ -112,6 +112,12 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         - [Wu et al., 2016 (length penalty)](https://arxiv.org/abs/1609.08144)
     """
 
+    # The stacks; a subclass may name its own (blocks that override `call`,
+    # attention layers that override `_compute_attention`): training,
+    # inference and `generate` all run their layers.
+    encoder_class = TransformerEncoder
+    decoder_class = TransformerDecoder
+
     def __init__(
         self,
         source_vocabulary_size,
@@ -215,11 +221,11 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             normalize_first=normalize_first,
             dtype=dtype,
         )
-        self.encoder = TransformerEncoder(
+        self.encoder = self.encoder_class(
             num_encoder_layers, seed=None if seed is None else seed + 1, name="encoder",
             **stack,
         )
-        self.decoder = TransformerDecoder(
+        self.decoder = self.decoder_class(
             num_decoder_layers, seed=None if seed is None else seed + 1000, name="decoder",
             **stack,
         )
@@ -401,8 +407,9 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         The encoder runs once and each decoder block's cross-attention keys
         and values are computed once; the decoder's self-attention cache
         grows by one token per step. The loop is compiled once per shape
-        and configuration, as `GPT.generate`'s (on torch, each step in plain
-        torch operations where the blocks allow it).
+        and configuration, as `GPT.generate`'s. The pad id, which the
+        decoder reads as padding, is never generated: the model's own full
+        pass scores a returned sequence as `return_scores` says.
 
         Args:
             encoder_token_ids: int `(B, S)` sources, `S <= max_source_length`.
@@ -410,7 +417,7 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
                 `max_target_length`.
             start_token_id: the id the decoder starts from.
             end_token_id: optional id that ends a hypothesis (`None`: every
-                hypothesis runs `max_new_tokens`).
+                hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
                 `"top_p"` (see `GPT.generate` for the sampling ones).
             num_beams: positive int, the hypotheses beam search keeps per
@@ -469,6 +476,13 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         start_token_id = generator.check_token("start_token_id", start_token_id)
         if end_token_id is not None:
             end_token_id = generator.check_token("end_token_id", end_token_id)
+            if end_token_id == self.pad_token_id:
+                raise ValueError(
+                    "`end_token_id` must differ from the model's `pad_token_id`, "
+                    "which the decoder reads as padding and never generates. "
+                    f"Received: end_token_id={end_token_id}, "
+                    f"pad_token_id={self.pad_token_id}"
+                )
         context = (source.astype("int32", copy=False), mask)
         batch = source.shape[0]
         if sampling == "beam":
@@ -507,6 +521,8 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
                 max_length=self.max_target_length,
                 max_length_name="max_target_length",
                 reorder_caches=self._reorder_caches,
+                # The decoder reads the pad id as padding: never generated.
+                pad_is_padding=True,
             )
         return self._generator
 
