@@ -118,7 +118,8 @@ def gpt_arguments(backbone, max_sequence_length=None):
         "positions": "rotary",
         "rotary_max_wavelength": wavelength,
         "gated_feedforward": True,
-        "tie_weights": bool(config.get("tie_word_embeddings", False)),
+        # Not in KerasHub 0.32's config: the embedding layer knows.
+        "tie_weights": bool(backbone.token_embedding.tie_weights),
     }
 
 
