@@ -159,7 +159,7 @@ class GPT(layouts.TensorParallel, keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.num_key_value_heads = num_key_value_heads
         self.use_bias = bool(use_bias)
-        if positions not in POSITIONS:
+        if not isinstance(positions, str) or positions not in POSITIONS:
             raise ValueError(
                 f"`positions` must be one of {POSITIONS}. Received: "
                 f"positions={positions!r}"
