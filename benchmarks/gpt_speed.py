@@ -301,7 +301,8 @@ def main():
         return
     print(
         "GPT (cpu preset sizes) against keras_hub GPT2CausalLM, same weights; "
-        f"median of {args.repeats} interleaved rounds; ratio = keras_hub time / our time"
+        f"median of {args.repeats} interleaved rounds; ratio = keras_hub time / our time; "
+        f"sections: {args.sections}"
     )
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
