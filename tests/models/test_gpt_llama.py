@@ -182,12 +182,36 @@ def test_from_keras_hub_rejects_what_it_cannot_take():
         r"rope_position_scaling_factor=2.0"
     ):
         GPT.from_keras_hub(scaled)
+    llama31 = keras_hub.models.LlamaBackbone(
+        **HUB_LLAMA, rope_frequency_adjustment_factor=8.0, rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0, rope_pretraining_sequence_length=8192,
+    )
+    with pytest.raises(
+        ValueError, match=r"`rope_frequency_adjustment_factor=None`.*Received: "
+        r"rope_frequency_adjustment_factor=8.0"
+    ):
+        GPT.from_keras_hub(llama31)
     gpt2 = keras_hub.models.GPT2Backbone(
         vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=8,
         intermediate_dim=16, max_sequence_length=MAX_LENGTH,
     )
     with pytest.raises(ValueError, match=r"`max_sequence_length`.*max_sequence_length=99"):
         GPT.from_keras_hub(gpt2, max_sequence_length=99)
+
+
+def test_from_keras_hub_takes_a_llama3_backbone():
+    """Llama 3's backbone class is a LlamaBackbone; without rotary scaling
+    it is the same model."""
+    keras_hub = pytest.importorskip("keras_hub")
+    backbone = _randomize(keras_hub.models.Llama3Backbone(**HUB_LLAMA), seed=7)
+    ours = GPT.from_keras_hub(backbone)
+    assert ours.max_sequence_length == 4096  # the default bound
+    ids = _ids((1, 7), seed=8)
+    hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    expected = harness.to_numpy(backbone.token_embedding(hidden, reverse=True))
+    np.testing.assert_allclose(
+        harness.to_numpy(ours(ids)), expected, rtol=TOLERANCE, atol=TOLERANCE
+    )
 
 
 # The configuration.
