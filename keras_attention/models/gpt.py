@@ -6,7 +6,6 @@ heads, `K` head size.
 """
 
 import keras
-import numpy as np
 
 from keras_attention import _validation
 from keras_attention import kv_cache
@@ -159,14 +158,11 @@ class GPT(layouts.TensorParallel, keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.num_key_value_heads = num_key_value_heads
         self.use_bias = bool(use_bias)
-        if not isinstance(positions, str) or positions not in POSITIONS:
-            raise ValueError(
-                f"`positions` must be one of {POSITIONS}. Received: "
-                f"positions={positions!r}"
-            )
-        self.positions = positions
-        self.gated_feedforward = _check_bool("gated_feedforward", gated_feedforward)
-        self.tie_weights = _check_bool("tie_weights", tie_weights)
+        self.positions = _validation.check_choice("positions", positions, POSITIONS)
+        self.gated_feedforward = _validation.check_bool(
+            "gated_feedforward", gated_feedforward
+        )
+        self.tie_weights = _validation.check_bool("tie_weights", tie_weights)
         if (
             isinstance(initializer_range, bool)
             or not isinstance(initializer_range, (int, float))
@@ -452,11 +448,3 @@ class GPT(layouts.TensorParallel, keras.Model):
             }
         )
         return config
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(
-            f"`{name}` must be True or False. Received: {name}={value!r}"
-        )
-    return bool(value)
