@@ -88,8 +88,9 @@ def gpt_arguments(backbone, max_sequence_length=None):
                 "hidden_dim", "intermediate_dim", "dropout",
             )
         }
-    # LLaMA 3.1's frequency-dependent wavelengths and linearly scaled
-    # positions are rotations our rotary layer does not compute.
+    # Not taken over: LLaMA 3.1's frequency-dependent wavelengths (our
+    # rotary layer has none) and linearly scaled positions (our rotary layer
+    # has them, the Transformer blocks do not pass them on).
     for name, plain in (
         ("rope_position_scaling_factor", 1.0),
         ("rope_frequency_adjustment_factor", None),
@@ -104,7 +105,7 @@ def gpt_arguments(backbone, max_sequence_length=None):
         wavelength = int(wavelength)  # as `rotary_max_wavelength` takes it
     return {
         "vocabulary_size": config["vocabulary_size"],
-        "max_sequence_length": max_sequence_length or 4096,
+        "max_sequence_length": 4096 if max_sequence_length is None else max_sequence_length,
         "num_layers": config["num_layers"],
         "num_heads": config["num_query_heads"],
         "hidden_dim": config["hidden_dim"],
