@@ -66,6 +66,10 @@ ARGUMENTS = {
             normalize_first=True,
         ),
     },
+    "transformer_stacks": {
+        "encoder_stack": dict(num_layers=2, intermediate_dim=16, num_heads=2),
+        "decoder_stack": dict(num_layers=2, intermediate_dim=16, num_heads=2),
+    },
 }
 NAMES = sorted(ARGUMENTS)
 

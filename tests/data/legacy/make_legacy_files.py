@@ -136,6 +136,27 @@ def make_rotary_gqa_decoder(rng):
     return model, inputs
 
 
+def make_transformer_stacks(rng):
+    source = keras.Input((None, DIM), name="source")
+    target = keras.Input((None, DIM), name="target")
+    encoded = layers.TransformerEncoder(
+        num_layers=2, intermediate_dim=16, num_heads=2, name="encoder_stack"
+    )(source)
+    decoded = layers.TransformerDecoder(
+        num_layers=2, intermediate_dim=16, num_heads=2, name="decoder_stack"
+    )(target, encoded)
+    model = keras.Model(
+        {"source": source, "target": target},
+        {"encoded": encoded, "decoded": decoded},
+        name="transformer_stacks",
+    )
+    inputs = {
+        "source": rng.normal(size=(2, 6, DIM)).astype("float32"),
+        "target": rng.normal(size=(2, 5, DIM)).astype("float32"),
+    }
+    return model, inputs
+
+
 BUILDERS = {
     "gpt": (make_gpt, "`keras_attention.models.GPT`, 2 blocks, width 8, "
             "vocabulary 23; input token ids `(2, 7)`, output logits."),
@@ -158,6 +179,14 @@ BUILDERS = {
         make_rotary_gqa_decoder,
         "functional: pre-norm `TransformerDecoder` (2 blocks, decoder-only) "
         "with rotary embeddings and one key/value head (GQA).",
+    ),
+    "transformer_stacks": (
+        make_transformer_stacks,
+        "functional, two inputs: a post-norm `TransformerEncoder` stack "
+        "(2 blocks) whose output a `TransformerDecoder` stack (2 blocks, "
+        "cross-attention) reads; outputs of both stacks. Saved with the "
+        "stacks' names of the time (since renamed `TransformerEncoderStack` "
+        "and `TransformerDecoderStack`).",
     ),
 }
 
