@@ -15,8 +15,10 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoder
+from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerDecoder",
     "TransformerDecoderBlock",
+    "TransformerDecoderStack",
     "TransformerEncoder",
     "TransformerEncoderBlock",
+    "TransformerEncoderStack",
 ]

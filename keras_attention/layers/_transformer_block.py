@@ -298,8 +298,9 @@ class TransformerBlock(keras.layers.Layer):
 
 
 class TransformerStack(keras.layers.Layer):
-    """Base of `TransformerEncoder` and `TransformerDecoder`: N blocks of
-    `block_class` made from one `BlockArguments`, then an optional norm."""
+    """Base of `TransformerEncoderStack` and `TransformerDecoderStack`: N
+    blocks of `block_class` made from one `BlockArguments`, then an optional
+    norm."""
 
     block_class = None
 

@@ -1,4 +1,4 @@
-"""A stack of Transformer decoder blocks.
+"""A stack of Transformer decoder blocks, and one block under KerasHub's name.
 
 Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
 length, `D` model width, `H` heads, `G` key/value heads, `K` head size, `N`
@@ -10,6 +10,8 @@ import keras
 from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import kv_cache
+from keras_attention.layers._keras_interop import KerasHubBlockName
+from keras_attention.layers._keras_interop import former_stack_name
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -17,7 +19,7 @@ from keras_attention.layers.transformer_decoder_block import TransformerDecoderB
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoder(TransformerStack):
+class TransformerDecoderStack(TransformerStack):
     """`num_layers` `TransformerDecoderBlock`s, then an optional final norm.
 
     Each block has its own weights; masks reach every block, and every block
@@ -53,7 +55,7 @@ class TransformerDecoder(TransformerStack):
     Example:
 
     >>> import numpy as np
-    >>> decoder = TransformerDecoder(
+    >>> decoder = TransformerDecoderStack(
     ...     num_layers=2, intermediate_dim=64, num_heads=4, normalize_first=True
     ... )
     >>> x = np.random.rand(2, 5, 32).astype("float32")
@@ -258,3 +260,56 @@ class TransformerDecoder(TransformerStack):
             if cache is not None:
                 outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoder(KerasHubBlockName, TransformerDecoderBlock):
+    """`TransformerDecoderBlock` under the name of `keras_hub.layers.TransformerDecoder`.
+
+    One block, as in KerasHub: code written for
+    `keras_hub.layers.TransformerDecoder` runs by changing the import, with the
+    same constructor and call arguments (and this package's extras:
+    `TransformerDecoderBlock` documents every argument, and the README's
+    "Coming from Keras or KerasHub" the differences). A stack of
+    `num_layers` blocks is `TransformerDecoderStack`.
+
+    `.keras` files saved when this name meant the stack (a config with
+    `num_layers`) still load, as a `TransformerDecoderStack` (of a subclass
+    that keeps the old class name, which the file's weight paths follow).
+
+    Args:
+        intermediate_dim, num_heads, dropout, activation, layer_norm_epsilon,
+        kernel_initializer, bias_initializer, normalize_first: KerasHub's
+            arguments; with the others of `TransformerDecoderBlock`.
+
+    Call arguments:
+        Those of `TransformerDecoderBlock` (KerasHub's, and more).
+
+    Returns:
+        As `TransformerDecoderBlock`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = TransformerDecoder(intermediate_dim=64, num_heads=4)
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> memory = np.random.rand(2, 7, 32).astype("float32")
+    >>> tuple(layer(x, memory).shape)
+    (2, 5, 32)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    stack_class = TransformerDecoderStack
+    former_stack_class = former_stack_name(TransformerDecoderStack, "TransformerDecoder")
+    peer_name = "TransformerDecoder"
+
+    @classmethod
+    def from_keras(cls, layer):
+        """A built block equal to a built `keras_hub.layers.TransformerDecoder`.
+
+        Its arguments, dtype policy and name, copies of its weights; the
+        same outputs.
+        """
+        return super().from_keras(layer)

@@ -1,4 +1,4 @@
-"""A stack of Transformer encoder blocks.
+"""A stack of Transformer encoder blocks, and one block under KerasHub's name.
 
 Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 """
@@ -8,6 +8,8 @@ import keras
 from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import masking
+from keras_attention.layers._keras_interop import KerasHubBlockName
+from keras_attention.layers._keras_interop import former_stack_name
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
@@ -17,7 +19,7 @@ from keras_attention.layers.transformer_encoder_block import TransformerEncoderB
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoder(ChecksOutputPositions, TransformerStack):
+class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
     """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
 
     The paper's encoder is a stack of N = 6 identical blocks. Each block has
@@ -56,7 +58,7 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
     Example:
 
     >>> import numpy as np
-    >>> encoder = TransformerEncoder(num_layers=2, intermediate_dim=64, num_heads=4)
+    >>> encoder = TransformerEncoderStack(num_layers=2, intermediate_dim=64, num_heads=4)
     >>> x = np.random.rand(2, 5, 32).astype("float32")
     >>> out, weights = encoder(x, return_attention_scores=True)
     >>> tuple(out.shape), len(weights), tuple(weights[0].shape)
@@ -149,3 +151,55 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
             for i in range(self.num_layers)
         ]
         return output, weights
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerEncoder(KerasHubBlockName, TransformerEncoderBlock):
+    """`TransformerEncoderBlock` under the name of `keras_hub.layers.TransformerEncoder`.
+
+    One block, as in KerasHub: code written for
+    `keras_hub.layers.TransformerEncoder` runs by changing the import, with the
+    same constructor and call arguments (and this package's extras:
+    `TransformerEncoderBlock` documents every argument, and the README's
+    "Coming from Keras or KerasHub" the differences). A stack of
+    `num_layers` blocks is `TransformerEncoderStack`.
+
+    `.keras` files saved when this name meant the stack (a config with
+    `num_layers`) still load, as a `TransformerEncoderStack` (of a subclass
+    that keeps the old class name, which the file's weight paths follow).
+
+    Args:
+        intermediate_dim, num_heads, dropout, activation, layer_norm_epsilon,
+        kernel_initializer, bias_initializer, normalize_first: KerasHub's
+            arguments; with the others of `TransformerEncoderBlock`.
+
+    Call arguments:
+        Those of `TransformerEncoderBlock` (KerasHub's, and more).
+
+    Returns:
+        As `TransformerEncoderBlock`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = TransformerEncoder(intermediate_dim=64, num_heads=4)
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> tuple(layer(x, padding_mask=np.array([[1, 1, 1, 0, 0]] * 2) > 0).shape)
+    (2, 5, 32)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    stack_class = TransformerEncoderStack
+    former_stack_class = former_stack_name(TransformerEncoderStack, "TransformerEncoder")
+    peer_name = "TransformerEncoder"
+
+    @classmethod
+    def from_keras(cls, layer):
+        """A built block equal to a built `keras_hub.layers.TransformerEncoder`.
+
+        Its arguments, dtype policy and name, copies of its weights; the
+        same outputs.
+        """
+        return super().from_keras(layer)

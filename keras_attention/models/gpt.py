@@ -16,7 +16,7 @@ from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
-from keras_attention.layers.transformer_decoder import TransformerDecoder
+from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.models import _keras_hub
 from keras_attention.models import generation
 from keras_attention.models import layouts
@@ -146,7 +146,7 @@ class GPT(layouts.TensorParallel, keras.Model):
             dropout, seed=seed, dtype=self.dtype_policy, name="embedding_dropout"
         )
         # Decoder blocks, with the final layer norm of a pre-norm stack.
-        self.decoder = TransformerDecoder(
+        self.decoder = TransformerDecoderStack(
             num_layers,
             intermediate_dim,
             num_heads,

@@ -20,8 +20,8 @@ from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
-from keras_attention.layers.transformer_decoder import TransformerDecoder
-from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.layers.transformer_decoder import TransformerDecoderStack
+from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _keras_hub
 from keras_attention.models import beam_search
 from keras_attention.models import generation
@@ -217,11 +217,11 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             normalize_first=normalize_first,
             dtype=dtype,
         )
-        self.encoder = TransformerEncoder(
+        self.encoder = TransformerEncoderStack(
             num_encoder_layers, seed=None if seed is None else seed + 1, name="encoder",
             **stack,
         )
-        self.decoder = TransformerDecoder(
+        self.decoder = TransformerDecoderStack(
             num_decoder_layers, seed=None if seed is None else seed + 1000, name="decoder",
             **stack,
         )

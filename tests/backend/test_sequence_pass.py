@@ -16,9 +16,9 @@ import pytest
 import harness
 from keras_attention import backend
 from keras_attention import kernels
-from keras_attention.layers import TransformerDecoder
+from keras_attention.layers import TransformerDecoderStack
 from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoder
+from keras_attention.layers import TransformerEncoderStack
 from keras_attention.models import BertMaskedLM
 from keras_attention.models import GPT
 from keras_attention.models import Seq2SeqTransformer
@@ -41,7 +41,7 @@ def _randomize(layer, seed=3):
 
 
 def _stack(**kwargs):
-    stack = TransformerDecoder(2, 16, 2, **kwargs)
+    stack = TransformerDecoderStack(2, 16, 2, **kwargs)
     stack.build((None, None, D))
     _randomize(stack)
     return stack
@@ -123,7 +123,7 @@ def _runs_with_masks(blocks, x, causal, **masks):
     ids=["post_norm", "pre_norm_multi_query"],
 )
 def test_encoder_pass_with_padding_equals_the_layers(kwargs):
-    stack = TransformerEncoder(2, 16, 2, **kwargs)
+    stack = TransformerEncoderStack(2, 16, 2, **kwargs)
     stack.build((None, None, D))
     _randomize(stack)
     x = _normal((B, T, D), 1)
@@ -152,7 +152,7 @@ def test_encoder_pass_with_padding_equals_the_layers(kwargs):
 def test_decoder_pass_with_cross_attention_and_padding_equals_the_layers(
     kwargs, source_mask
 ):
-    stack = TransformerDecoder(2, 16, 2, **kwargs)
+    stack = TransformerDecoderStack(2, 16, 2, **kwargs)
     stack.build((None, None, D), (None, None, D))
     _randomize(stack)
     x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
@@ -175,7 +175,7 @@ def test_decoder_pass_with_cross_attention_and_padding_equals_the_layers(
 
 
 def test_masks_of_all_true_are_no_masks():
-    stack = TransformerDecoder(1, 16, 2)
+    stack = TransformerDecoderStack(1, 16, 2)
     stack.build((None, None, D), (None, None, D))
     _randomize(stack)
     x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
@@ -399,7 +399,7 @@ def test_dropout_in_training_draws_what_the_layers_draw(kwargs):
 def test_dropout_in_the_stack_draws_what_the_layers_draw():
     stacks = []
     for _ in range(2):
-        stack = TransformerDecoder(
+        stack = TransformerDecoderStack(
             2, 16, 2, dropout=0.2, attention_dropout=0.3, feedforward_dropout=0.4, seed=3
         )
         stack.build((None, None, D))
@@ -478,7 +478,7 @@ def test_a_non_finite_input_keeps_the_layers_rules():
 def test_a_non_finite_padded_memory_position_reaches_nothing():
     # The pass sees NaN in its output (0 times NaN in the kernel) and gives
     # None; the layers leave a padded position out entirely.
-    stack = TransformerDecoder(2, 16, 2)
+    stack = TransformerDecoderStack(2, 16, 2)
     stack.build((None, None, D), (None, None, D))
     _randomize(stack)
     x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
@@ -498,9 +498,9 @@ def test_a_non_finite_padded_memory_position_reaches_nothing():
 def test_a_tracing_sees_every_attention_call():
     # The passes stand aside while a tracing is open: each attention layer
     # calls the core, which names its kernel.
-    encoder = TransformerEncoder(2, 16, 2)
+    encoder = TransformerEncoderStack(2, 16, 2)
     encoder.build((None, None, D))
-    decoder = TransformerDecoder(2, 16, 2)
+    decoder = TransformerDecoderStack(2, 16, 2)
     decoder.build((None, None, D), (None, None, D))
     x, memory = _normal((B, T, D), 1), _normal((B, S, D), 2)
     with kernels.tracing() as taken:

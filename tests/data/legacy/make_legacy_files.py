@@ -82,7 +82,7 @@ def make_functional_mha_encoder_soft(rng):
     x = layers.MultiHeadAttention(
         num_heads=2, key_dim=4, score="bilinear", name="multi_head_attention"
     )(sequence, sequence, use_causal_mask=True)
-    x = layers.TransformerEncoder(
+    x = layers.TransformerEncoderStack(
         num_layers=2, intermediate_dim=16, num_heads=2, name="encoder"
     )(x)
     soft = layers.SoftAttention(name="soft_attention")(x, sequence)
@@ -122,7 +122,7 @@ def make_decoder_block_hard(rng):
 
 def make_rotary_gqa_decoder(rng):
     sequence = keras.Input((None, DIM), name="sequence")
-    output = layers.TransformerDecoder(
+    output = layers.TransformerDecoderStack(
         num_layers=2,
         intermediate_dim=16,
         num_heads=2,
@@ -139,10 +139,10 @@ def make_rotary_gqa_decoder(rng):
 def make_transformer_stacks(rng):
     source = keras.Input((None, DIM), name="source")
     target = keras.Input((None, DIM), name="target")
-    encoded = layers.TransformerEncoder(
+    encoded = layers.TransformerEncoderStack(
         num_layers=2, intermediate_dim=16, num_heads=2, name="encoder_stack"
     )(source)
-    decoded = layers.TransformerDecoder(
+    decoded = layers.TransformerDecoderStack(
         num_layers=2, intermediate_dim=16, num_heads=2, name="decoder_stack"
     )(target, encoded)
     model = keras.Model(
@@ -163,7 +163,7 @@ BUILDERS = {
     "functional_mha_encoder_soft": (
         make_functional_mha_encoder_soft,
         "functional: causal `MultiHeadAttention` (bilinear scorer) -> "
-        "`TransformerEncoder` (2 blocks) -> `SoftAttention` (query: encoder "
+        "`TransformerEncoderStack` (2 blocks) -> `SoftAttention` (query: encoder "
         "output, value: the input); `SelfAttention(units=8)` (additive "
         "scorer) on the input; outputs of both attention layers.",
     ),
@@ -177,16 +177,14 @@ BUILDERS = {
     ),
     "rotary_gqa_decoder": (
         make_rotary_gqa_decoder,
-        "functional: pre-norm `TransformerDecoder` (2 blocks, decoder-only) "
+        "functional: pre-norm `TransformerDecoderStack` (2 blocks, decoder-only) "
         "with rotary embeddings and one key/value head (GQA).",
     ),
     "transformer_stacks": (
         make_transformer_stacks,
-        "functional, two inputs: a post-norm `TransformerEncoder` stack "
-        "(2 blocks) whose output a `TransformerDecoder` stack (2 blocks, "
-        "cross-attention) reads; outputs of both stacks. Saved with the "
-        "stacks' names of the time (since renamed `TransformerEncoderStack` "
-        "and `TransformerDecoderStack`).",
+        "functional, two inputs: a post-norm `TransformerEncoderStack` "
+        "(2 blocks) whose output a `TransformerDecoderStack` (2 blocks, "
+        "cross-attention) reads; outputs of both stacks.",
     ),
 }
 
