@@ -1,5 +1,7 @@
 """Attention layers."""
 
+from keras_attention.layers.additive_attention import AdditiveAttention
+from keras_attention.layers.attention import Attention
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.hard_attention import HardAttention
 from keras_attention.layers.layer_normalization import LayerNormalization
@@ -22,6 +24,8 @@ from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
 __all__ = [
+    "AdditiveAttention",
+    "Attention",
     "FeedForward",
     "HardAttention",
     "LayerNormalization",

@@ -70,6 +70,46 @@ def from_keras_multi_head_attention(cls, layer):
     return new
 
 
+def from_keras_attention(cls, layer):
+    """A built `cls` (our `Attention` or `AdditiveAttention`) equal to
+    Keras's layer of the same name."""
+    additive = keras.layers.AdditiveAttention
+    if cls.__name__ == "AdditiveAttention":
+        check_built_peer(layer, additive, "keras.layers.AdditiveAttention")
+    elif isinstance(layer, additive):
+        raise ValueError(
+            "`layer` must be a keras.layers.Attention; take over a "
+            "keras.layers.AdditiveAttention with AdditiveAttention.from_keras. "
+            f"Received: layer={layer!r}"
+        )
+    else:
+        check_built_peer(layer, keras.layers.Attention, "keras.layers.Attention")
+    peer = layer.get_config()
+    arguments = {"use_scale": peer["use_scale"], "dropout": peer["dropout"]}
+    arguments["seed"] = peer.get("seed")
+    if "score_mode" in peer and cls.__name__ != "AdditiveAttention":
+        arguments["score_mode"] = peer["score_mode"]
+    new = cls(**arguments, dtype=layer.dtype_policy, name=layer.name)
+    # The widths Keras built with, where it recorded them; any will do for a
+    # layer whose weights are scalars.
+    built = getattr(layer, "_build_shapes_dict", None) or {}
+    shapes = built.get("input_shape")
+    if shapes is None:
+        width = layer.scale.shape[0] if additive_scale(layer) else 1
+        shapes = [(None, None, width), (None, None, width)]
+    new.build([tuple(shape) for shape in shapes])
+    for name in ("scale", "concat_score_weight"):
+        theirs = getattr(layer, name, None)
+        if theirs is not None:
+            getattr(new.score, name).assign(theirs)
+    return new
+
+
+def additive_scale(layer):
+    """Whether Keras's `layer` holds the vector `scale` of AdditiveAttention."""
+    return isinstance(layer, keras.layers.AdditiveAttention) and layer.scale is not None
+
+
 def check_built_peer(layer, expected, name):
     """Refuses anything but a built instance of `expected` (a class or a
     tuple of classes) named `name` in the message."""

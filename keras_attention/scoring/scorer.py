@@ -45,6 +45,12 @@ class Scorer(keras.layers.Layer):
         """
         _validation.check_rank("query", query_shape, len(key_shape))
 
+    @staticmethod
+    def pairwise_sum(query, key):
+        """`q_t + k_s` for every pair: `(..., T, D)` and `(..., S, D)` ->
+        `(..., T, S, D)` (the scores without projections add features)."""
+        return query[..., :, None, :] + key[..., None, :, :]  # (..., T, S, D)
+
     def compute_mask(self, inputs, previous_mask=None):
         # Scores carry no Keras mask: masking is the attention layer's job.
         return None
