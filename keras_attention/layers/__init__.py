@@ -2,6 +2,9 @@
 
 from keras_attention.layers.additive_attention import AdditiveAttention
 from keras_attention.layers.attention import Attention
+from keras_attention.layers.cached_multi_head_attention import (
+    CachedMultiHeadAttention,
+)
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.hard_attention import HardAttention
 from keras_attention.layers.layer_normalization import LayerNormalization
@@ -26,6 +29,7 @@ from keras_attention.layers.transformer_encoder_block import TransformerEncoderB
 __all__ = [
     "AdditiveAttention",
     "Attention",
+    "CachedMultiHeadAttention",
     "FeedForward",
     "HardAttention",
     "LayerNormalization",
