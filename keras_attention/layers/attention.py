@@ -210,9 +210,13 @@ def check_inputs(layer, inputs, mask=None, what="tensors"):
     else:
         is_list = isinstance(inputs, (list, tuple))
     if not is_list:
+        # Keras builds with the shape of a single tensor: say so.
+        received = (
+            f"a tensor of shape {tuple(inputs)}" if what == "shapes" else _describe(inputs)
+        )
         raise ValueError(
             f"The {name} layer must be called on a list of inputs, [query, "
-            f"value] or [query, value, key]. Received: inputs={_describe(inputs)}"
+            f"value] or [query, value, key]. Received: inputs={received}"
         )
     if not 2 <= len(inputs) <= 3:
         raise ValueError(
