@@ -151,8 +151,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         )
         if position == "learned":
             # As in KerasHub, `embeddings_initializer` initializes both
-            # tables unless `position_initializer` is given (a copy: two
-            # seeded initializers must not draw the same values).
+            # tables (a copy of it, as KerasHub's) unless
+            # `position_initializer` is given.
             self.position_embedding = PositionEmbedding(
                 self.sequence_length,
                 initializer=copy_initializer(
