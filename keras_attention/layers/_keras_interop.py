@@ -202,7 +202,14 @@ class KerasHubBlockName:
 
     stack_class = None
     former_stack_class = None
-    peer_name = None
+
+    def __init_subclass__(cls, stack=None, **kwargs):
+        # `class TransformerEncoder(KerasHubBlockName, ..., stack=...)`: the
+        # stack that the name meant before, under the same class name.
+        super().__init_subclass__(**kwargs)
+        if stack is not None:
+            cls.stack_class = stack
+            cls.former_stack_class = former_stack_name(stack, cls.__name__)
 
     def __init__(self, *args, **kwargs):
         if "num_layers" in kwargs:
@@ -215,6 +222,15 @@ class KerasHubBlockName:
         super().__init__(*args, **kwargs)
 
     @classmethod
+    def peer_name(cls):
+        """The name of the KerasHub class (for a subclass of ours, that of
+        the first class of its line that took a `stack`)."""
+        for klass in cls.__mro__:
+            if "stack_class" in vars(klass):
+                return klass.__name__
+        return cls.__name__
+
+    @classmethod
     def from_config(cls, config):
         if "num_layers" in config:
             return cls.former_stack_class.from_config(config)
@@ -222,13 +238,14 @@ class KerasHubBlockName:
 
     @classmethod
     def from_keras(cls, layer):
-        """A built block with `layer`'s arguments, dtype policy, name and
-        weights."""
+        """A built block equal to a built KerasHub block of this name
+        (`keras_hub.layers.TransformerEncoder` or `TransformerDecoder`): its
+        arguments, dtype policy, name and weights, the same outputs (at the
+        positions that are not padding; see the README)."""
         import keras_hub  # an optional dependency, needed only here
 
-        check_built_peer(
-            layer, getattr(keras_hub.layers, cls.peer_name), f"keras_hub.layers.{cls.peer_name}"
-        )
+        name = cls.peer_name()
+        check_built_peer(layer, getattr(keras_hub.layers, name), f"keras_hub.layers.{name}")
         peer = layer.get_config()
         new = cls(
             **{name: peer[name] for name in _KERAS_HUB_BLOCK_ARGUMENTS},

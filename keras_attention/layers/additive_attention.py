@@ -29,25 +29,18 @@ class AdditiveAttention(Attention):
 
     Args:
         use_scale: bool, the learned vector `v`. Defaults to True.
-        dropout: float in [0, 1), dropout on the attention weights during
-            training. Defaults to 0.
-        seed: optional int, the seed of the dropout.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        dropout, seed: the dropout on the weights, as `Attention`'s.
+        **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        inputs: a list `[query, value]` or `[query, value, key]`: query
-            `(B, ..., T, D)`, value `(B, ..., S, Dv)`, key `(B, ..., S, D)`
-            (defaults to `value`).
-        mask: optional list `[query_mask, value_mask]` (or with a third,
-            `key_mask`): boolean `(B, ..., T)` and `(B, ..., S)`.
-        training: bool, whether dropout is active.
-        return_attention_scores: bool, also return the attention weights.
-        use_causal_mask: bool, query `t` attends only to keys
-            `0 .. S - T + t` (bottom-right aligned when `T != S`).
+        inputs, mask, training, return_attention_scores, use_causal_mask:
+            as `Attention`'s: `[query, value]` or `[query, value, key]` of
+            rank 3 or more, and a list of their boolean masks.
 
     Returns:
-        `output` `(B, ..., T, Dv)`, or `(output, weights)` with weights
-        `(B, ..., T, S)` when `return_attention_scores=True`.
+        The attended values, of the query's shape but for the value's
+        width, and the weights `(B, ..., T, S)` after them when
+        `return_attention_scores=True`.
 
     Example:
 

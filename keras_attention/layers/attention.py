@@ -218,12 +218,7 @@ def check_inputs(layer, inputs, mask=None, what="tensors"):
             f"The {name} layer must be called on a list of inputs, [query, "
             f"value] or [query, value, key]. Received: inputs={received}"
         )
-    if not 2 <= len(inputs) <= 3:
-        raise ValueError(
-            f"The {name} layer takes a list of inputs of length 2 or 3, "
-            f"[query, value] or [query, value, key]. Received: a list of "
-            f"length {len(inputs)}"
-        )
+    _check_length(name, "inputs", inputs, "[query, value] or [query, value, key]")
     if mask is None:
         return
     if not isinstance(mask, (list, tuple)):
@@ -231,11 +226,16 @@ def check_inputs(layer, inputs, mask=None, what="tensors"):
             f"The {name} layer mask must be a list, [query_mask, value_mask]. "
             f"Received: mask={_describe(mask)}"
         )
-    if not 2 <= len(mask) <= 3:
+    _check_length(
+        name, "mask", mask, "[query_mask, value_mask] or [query_mask, value_mask, key_mask]"
+    )
+
+
+def _check_length(layer_name, name, items, expected):
+    if not 2 <= len(items) <= 3:
         raise ValueError(
-            f"The {name} layer takes a mask list of length 2 or 3, "
-            f"[query_mask, value_mask] or [query_mask, value_mask, key_mask]. "
-            f"Received: a list of length {len(mask)}"
+            f"The {layer_name} layer takes a list `{name}` of length 2 or 3, "
+            f"{expected}. Received: a list of length {len(items)}"
         )
 
 

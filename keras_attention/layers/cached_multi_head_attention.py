@@ -8,6 +8,15 @@ import keras
 
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
+KERAS_HUB_CALL_ORDER = (
+    "key",
+    "attention_mask",
+    "cache",
+    "cache_update_index",
+    "return_attention_scores",
+    "training",
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class CachedMultiHeadAttention(MultiHeadAttention):
@@ -17,7 +26,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
     The same layer, constructor arguments and weights as `MultiHeadAttention`
     (Keras's, and this package's extras); only the order of the call
     arguments is KerasHub's, so `layer(query, value, key, attention_mask,
-    cache, cache_update_index)` reads as it does there. The cache is one
+    cache, cache_update_index)` reads as it does there (Keras takes tensors
+    only by position: pass the index by name). The cache is one
     tensor `(B, 2, L, G, K)` (keys, then values), as in KerasHub:
 
     - `cache=None`: plain attention; `cache_update_index` must then be None;
@@ -47,8 +57,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         return_attention_scores: bool, also return the weights
             `(B, H, T, S|L)`.
         training: bool, whether dropout is active.
-        **kwargs: the other call arguments of `MultiHeadAttention`
-            (`query_mask`, `value_mask`, `key_mask`, `use_causal_mask`).
+        The other call arguments of `MultiHeadAttention` (`query_mask`,
+        `value_mask`, `key_mask`, `use_causal_mask`) by name.
 
     Returns:
         `output` `(B, T, D)`; `(output, cache)` with a cache;
@@ -70,46 +80,21 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    def call(
-        self,
-        query,
-        value,
-        key=None,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        return_attention_scores=False,
-        training=None,
-        **kwargs,
-    ):
-        return super().call(
-            query,
-            value,
-            key=key,
-            attention_mask=attention_mask,
-            cache=cache,
-            cache_update_index=cache_update_index,
-            return_attention_scores=return_attention_scores,
-            training=training,
-            **kwargs,
-        )
-
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        return_attention_scores=False,
-        training=None,
-        **kwargs,
-    ):
-        return super().compute_output_spec(
-            query,
-            value,
-            key=key,
-            return_attention_scores=return_attention_scores,
-            cache=cache,
-        )
+    def __call__(self, query, value, *args, **kwargs):
+        # KerasHub's order of the call arguments after `value`, passed on by
+        # name to `MultiHeadAttention` (whose own order differs).
+        if len(args) > len(KERAS_HUB_CALL_ORDER):
+            raise TypeError(
+                "`CachedMultiHeadAttention` takes at most "
+                f"{2 + len(KERAS_HUB_CALL_ORDER)} positional arguments "
+                f"(query, value, {', '.join(KERAS_HUB_CALL_ORDER)}). "
+                f"Received: {2 + len(args)}"
+            )
+        for name, arg in zip(KERAS_HUB_CALL_ORDER, args):
+            if name in kwargs:
+                raise TypeError(
+                    f"`{name}` was given both by position and by name. "
+                    f"Received: {name}={kwargs[name]!r}"
+                )
+            kwargs[name] = arg
+        return super().__call__(query, value, **kwargs)

@@ -122,20 +122,15 @@ class RotaryEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
         self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
-        if rope_type not in ROPE_TYPES:
-            raise ValueError(
-                f"`rope_type` must be one of {ROPE_TYPES}. Received: "
-                f"rope_type={rope_type!r}"
-            )
-        self.rope_type = rope_type
+        self.rope_type = _check_rope_type(rope_type)
         self.beta_fast = check_positive_number("beta_fast", beta_fast)
         self.beta_slow = check_positive_number("beta_slow", beta_slow)
         self.original_max_position_embeddings = _validation.check_positive_int(
             "original_max_position_embeddings", original_max_position_embeddings
         )
         self.truncate = _validation.check_bool("truncate", truncate)
-        self.sequence_axis = _check_axis("sequence_axis", sequence_axis)
-        self.feature_axis = _check_axis("feature_axis", feature_axis)
+        for name, axis in (("sequence_axis", sequence_axis), ("feature_axis", feature_axis)):
+            setattr(self, name, _check_axis(name, axis))
         self.denominator_dim = _validation.check_positive_int(
             "denominator_dim", denominator_dim, allow_none=True
         )
@@ -258,6 +253,14 @@ class RotaryEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _check_rope_type(rope_type):
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"`rope_type` must be one of {ROPE_TYPES}. Received: rope_type={rope_type!r}"
+        )
+    return rope_type
 
 
 def _check_axis(name, value):

@@ -11,7 +11,6 @@ from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention.layers._keras_interop import KerasHubBlockName
-from keras_attention.layers._keras_interop import former_stack_name
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -263,30 +262,39 @@ class TransformerDecoderStack(TransformerStack):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoder(KerasHubBlockName, TransformerDecoderBlock):
-    """`TransformerDecoderBlock` under the name of `keras_hub.layers.TransformerDecoder`.
+class TransformerDecoder(
+    KerasHubBlockName, TransformerDecoderBlock, stack=TransformerDecoderStack
+):
+    """One decoder block under KerasHub's name: `keras_hub.layers.TransformerDecoder`.
 
-    One block, as in KerasHub: code written for
-    `keras_hub.layers.TransformerDecoder` runs by changing the import, with the
-    same constructor and call arguments (and this package's extras:
-    `TransformerDecoderBlock` documents every argument, and the README's
-    "Coming from Keras or KerasHub" the differences). A stack of
-    `num_layers` blocks is `TransformerDecoderStack`.
-
-    `.keras` files saved when this name meant the stack (a config with
-    `num_layers`) still load, as a `TransformerDecoderStack` (of a subclass
-    that keeps the old class name, which the file's weight paths follow).
+    `TransformerDecoderBlock` (causal self-attention, cross-attention when
+    an `encoder_sequence` is given, the feed-forward network) registered as
+    `TransformerDecoder`, with KerasHub's constructor arguments and call,
+    caches included: `self_attention_cache` `(B, 2, L, H, K)` with its
+    update index gives `(output, self_cache)`, and with
+    `cross_attention_cache` too `(output, self_cache, cross_cache)`
+    (`cross_attention_cache_update_index=0` fills it from the encoder
+    sequence, `None` reads it). `from_keras(layer)` takes over a built
+    KerasHub decoder. A stack is `TransformerDecoderStack`, which also
+    loads the configs with `num_layers` saved under this name.
 
     Args:
-        intermediate_dim, num_heads, dropout, activation, layer_norm_epsilon,
-        kernel_initializer, bias_initializer, normalize_first: KerasHub's
-            arguments; with the others of `TransformerDecoderBlock`.
+        intermediate_dim: positive int, the feed-forward width.
+        num_heads: positive int, the attention heads.
+        **kwargs: the other arguments of KerasHub's decoder, and this
+            package's (`TransformerDecoderBlock`).
 
     Call arguments:
-        Those of `TransformerDecoderBlock` (KerasHub's, and more).
+        decoder_sequence: `(B, T, D)`.
+        encoder_sequence: optional `(B, S, D)`.
+        decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
+        encoder_attention_mask, self_attention_cache,
+        self_attention_cache_update_index, cross_attention_cache,
+        cross_attention_cache_update_index, use_causal_mask, training: as
+            KerasHub's (boolean masks; a padded query attends to nothing).
 
     Returns:
-        As `TransformerDecoderBlock`.
+        `(B, T, D)`, then the updated caches that were given.
 
     Example:
 
@@ -298,18 +306,5 @@ class TransformerDecoder(KerasHubBlockName, TransformerDecoderBlock):
     (2, 5, 32)
 
     References:
-        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.1
     """
-
-    stack_class = TransformerDecoderStack
-    former_stack_class = former_stack_name(TransformerDecoderStack, "TransformerDecoder")
-    peer_name = "TransformerDecoder"
-
-    @classmethod
-    def from_keras(cls, layer):
-        """A built block equal to a built `keras_hub.layers.TransformerDecoder`.
-
-        Its arguments, dtype policy and name, copies of its weights; the
-        same outputs.
-        """
-        return super().from_keras(layer)

@@ -9,7 +9,6 @@ from keras_attention import backend
 from keras_attention import kernels
 from keras_attention import masking
 from keras_attention.layers._keras_interop import KerasHubBlockName
-from keras_attention.layers._keras_interop import former_stack_name
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
@@ -154,30 +153,37 @@ class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoder(KerasHubBlockName, TransformerEncoderBlock):
-    """`TransformerEncoderBlock` under the name of `keras_hub.layers.TransformerEncoder`.
+class TransformerEncoder(
+    KerasHubBlockName, TransformerEncoderBlock, stack=TransformerEncoderStack
+):
+    """One encoder block under KerasHub's name: `keras_hub.layers.TransformerEncoder`.
 
-    One block, as in KerasHub: code written for
-    `keras_hub.layers.TransformerEncoder` runs by changing the import, with the
-    same constructor and call arguments (and this package's extras:
-    `TransformerEncoderBlock` documents every argument, and the README's
-    "Coming from Keras or KerasHub" the differences). A stack of
-    `num_layers` blocks is `TransformerEncoderStack`.
-
-    `.keras` files saved when this name meant the stack (a config with
-    `num_layers`) still load, as a `TransformerEncoderStack` (of a subclass
-    that keeps the old class name, which the file's weight paths follow).
+    This is `TransformerEncoderBlock` (self-attention, then the feed-forward
+    network, post-norm or pre-norm), registered as `TransformerEncoder` so
+    that KerasHub code runs by changing its import: KerasHub's constructor
+    arguments, `call(inputs, padding_mask, attention_mask, training,
+    return_attention_scores)`, and `from_keras(layer)` for a built KerasHub
+    encoder's weights. For a stack of `num_layers` of them use
+    `TransformerEncoderStack`; a config with `num_layers` (a `.keras` file
+    saved when this name meant the stack) loads as that stack.
 
     Args:
-        intermediate_dim, num_heads, dropout, activation, layer_norm_epsilon,
-        kernel_initializer, bias_initializer, normalize_first: KerasHub's
-            arguments; with the others of `TransformerEncoderBlock`.
+        intermediate_dim: positive int, the feed-forward width.
+        num_heads: positive int, the attention heads.
+        **kwargs: KerasHub's other arguments (`dropout`, `activation`,
+            `layer_norm_epsilon`, `kernel_initializer`, `bias_initializer`,
+            `normalize_first`) and this package's, as `TransformerEncoderBlock`
+            documents them.
 
     Call arguments:
-        Those of `TransformerEncoderBlock` (KerasHub's, and more).
+        inputs: `(B, T, D)`.
+        padding_mask: optional boolean `(B, T)`; a padded position attends
+            to nothing (KerasHub's attends to the real tokens).
+        attention_mask, training, return_attention_scores: as KerasHub's.
 
     Returns:
-        As `TransformerEncoderBlock`.
+        `(B, T, D)`, with the weights `(B, H, T, T)` after it when
+        `return_attention_scores=True`.
 
     Example:
 
@@ -188,18 +194,5 @@ class TransformerEncoder(KerasHubBlockName, TransformerEncoderBlock):
     (2, 5, 32)
 
     References:
-        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.1
     """
-
-    stack_class = TransformerEncoderStack
-    former_stack_class = former_stack_name(TransformerEncoderStack, "TransformerEncoder")
-    peer_name = "TransformerEncoder"
-
-    @classmethod
-    def from_keras(cls, layer):
-        """A built block equal to a built `keras_hub.layers.TransformerEncoder`.
-
-        Its arguments, dtype policy and name, copies of its weights; the
-        same outputs.
-        """
-        return super().from_keras(layer)

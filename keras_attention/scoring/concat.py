@@ -3,12 +3,11 @@
 import keras
 from keras import ops
 
-from keras_attention import _validation
-from keras_attention.scoring.scorer import Scorer
+from keras_attention.scoring.scorer import FeatureWiseScorer
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class Concat(Scorer):
+class Concat(FeatureWiseScorer):
     """Keras's `"concat"` score: `s(q, k) = c * sum_d tanh(a * (q_d + k_d))`.
 
     The score of `keras.layers.Attention(score_mode="concat")`: query and key
@@ -28,50 +27,32 @@ class Concat(Scorer):
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        query: `(..., T, D)`.
-        key: `(..., S, D)`.
+        query: `(..., T, D)`, each query added to every key.
+        key: `(..., S, D)`, of the query's size.
 
     Returns:
-        Scores `(..., T, S)`.
+        The summed `tanh`s, `(..., T, S)`.
 
     Example:
 
     >>> import numpy as np
-    >>> scorer = Concat()
-    >>> tuple(scorer(np.ones((2, 3, 4)), np.ones((2, 5, 4))).shape)
-    (2, 3, 5)
+    >>> query = np.zeros((1, 1, 2), "float32")
+    >>> key = np.ones((1, 3, 2), "float32")
+    >>> scores = Concat()(query, key)  # (1, 1, 3)
+    >>> round(float(scores[0, 0, 2]), 4)  # 2 tanh(1)
+    1.5232
 
     References:
         - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
     """
 
-    def __init__(self, use_scale=False, **kwargs):
-        super().__init__(**kwargs)
-        self.use_scale = _validation.check_bool("use_scale", use_scale)
-
     def build(self, query_shape, key_shape):
-        self.check_shapes(query_shape, key_shape)
-        self.scale = None
-        if self.use_scale:
-            self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+        super().build(query_shape, key_shape)
         self.concat_score_weight = self.add_weight(
             name="concat_score_weight", shape=(), initializer="ones"
         )
 
-    def check_shapes(self, query_shape, key_shape):
-        super().check_shapes(query_shape, key_shape)
-        _validation.check_same_dim(
-            "query", query_shape[-1], "key", key_shape[-1], "feature size"
-        )
-
     def call(self, query, key):
-        pairs = self.pairwise_sum(query, key)  # (..., T, S, D)
-        if self.use_scale:
-            pairs = pairs * ops.cast(self.scale, pairs.dtype)
-        scores = ops.sum(ops.tanh(pairs), axis=-1)  # (..., T, S)
+        hidden = ops.tanh(self.scaled(self.pairwise_sum(query, key)))  # (..., T, S, D)
+        scores = ops.sum(hidden, axis=-1)  # (..., T, S)
         return scores * ops.cast(self.concat_score_weight, scores.dtype)
-
-    def get_config(self):
-        config = super().get_config()
-        config["use_scale"] = self.use_scale
-        return config

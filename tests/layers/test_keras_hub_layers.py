@@ -12,6 +12,8 @@ arguments, input ranks, cached calls equal to a full pass, dtype policies and
 define, and the README's "Coming from Keras or KerasHub" says why.
 """
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -28,17 +30,12 @@ TOLERANCE = 1e-5
 PADDING = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], bool)  # (B, T)
 # Half-precision policies: loose, since both layers round differently.
 HALF_TOLERANCE = 5e-2
-# KerasHub's Transformer block constructor arguments.
-HUB_BLOCK_ARGUMENTS = (
-    "intermediate_dim",
-    "num_heads",
-    "dropout",
-    "activation",
-    "layer_norm_epsilon",
-    "kernel_initializer",
-    "bias_initializer",
-    "normalize_first",
-)
+# KerasHub's Transformer block constructor arguments, read from its layers.
+HUB_BLOCK_ARGUMENTS = [
+    name
+    for name in inspect.signature(keras_hub.layers.TransformerDecoder.__init__).parameters
+    if name not in ("self", "kwargs")
+]
 
 
 def normal(shape, seed=0, scale=1.0):
@@ -70,17 +67,12 @@ def causal(length, batch=B):
 # TransformerEncoder and TransformerDecoder: one block, as in KerasHub.
 
 BLOCK_ARGUMENTS = [
-    dict(intermediate_dim=F, num_heads=H),
-    dict(
-        intermediate_dim=F,
-        num_heads=H,
-        dropout=0.1,
-        activation="gelu",
-        layer_norm_epsilon=1e-6,
-        kernel_initializer="he_normal",
-        bias_initializer="ones",
-        normalize_first=True,
-    ),
+    {"intermediate_dim": F, "num_heads": H},
+    {
+        "intermediate_dim": F, "num_heads": H, "dropout": 0.1, "activation": "gelu",
+        "layer_norm_epsilon": 1e-6, "kernel_initializer": "he_normal",
+        "bias_initializer": "ones", "normalize_first": True,
+    },
 ]
 BLOCK_IDS = ["defaults", "every-argument"]
 
@@ -263,6 +255,8 @@ def test_cached_attention_equals_keras_hub():
     close(ours(x, memory), hub(x, memory))
     mask = causal(T)
     close(ours(x, x, attention_mask=mask), hub(x, x, attention_mask=mask))
+    # KerasHub's order of the call arguments: key, then the mask.
+    close(ours(x, memory[:, :T], x, mask), hub(x, memory[:, :T], x, mask))
     # Prefill the whole cache, then compare every returned piece.
     cache = np.zeros((B, 2, T, H, K), "float32")
     mine = ours(x, x, attention_mask=mask, cache=cache, cache_update_index=0, return_attention_scores=True)
