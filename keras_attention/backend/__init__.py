@@ -45,6 +45,14 @@ def linear(x, kernel, bias):
     return current().linear(x, kernel, bias)
 
 
+def dense(x, kernel, bias, inputs=1, dtype=None):
+    """`x` `(..., *I)` contracted with `kernel` `(*I, *O)` over its last
+    `inputs` axes, plus `bias` `(*O)` or None: `(..., *O)` in `dtype` (by
+    default `x`'s). An attention projection's `EinsumDense` as one GEMM with
+    the bias inside where the backend has one (torch's `linear`)."""
+    return current().dense(x, kernel, bias, inputs, dtype)
+
+
 def layer_norm(x, gamma, beta, epsilon):
     """Layer normalization over the last axis, `gamma` and `beta` optional
     `(D,)`, computed in float32 at least and returned in that dtype; or
@@ -182,6 +190,7 @@ __all__ = [
     "compile_decoding",
     "current",
     "custom_vjp",
+    "dense",
     "fori_loop",
     "dropout",
     "dropout_attention",

@@ -52,6 +52,10 @@ class Preferences:
         causal_tiles: whether chunked causal attention runs in square tiles
             below the diagonal, one loop each way (`kernels.chunked._Tiles`),
             instead of query chunks in bands.
+        direct_calls: whether a decoding loop calls its layers through
+            their own `call` where Keras's per-call wrapper would add nothing
+            (`layers/_direct_calls.py`): on a backend that runs the loop
+            eagerly, where the wrapper costs more than a step's small layers.
     """
 
     blocked: str = "never"
@@ -66,6 +70,7 @@ class Preferences:
     dropout_kernel: bool = False
     cache_windows: bool = False
     causal_tiles: bool = False
+    direct_calls: bool = False
 
 
 PREFERENCES = Preferences()
@@ -75,6 +80,28 @@ def linear(x, kernel, bias):
     kernel = ops.cast(kernel, x.dtype)
     output = ops.matmul(x, kernel)
     return output if bias is None else ops.add(output, ops.cast(bias, x.dtype))
+
+
+def dense(x, kernel, bias, inputs=1, dtype=None, linear=linear):
+    """`x` contracted over its last `inputs` axes with the first `inputs` of
+    `kernel`, plus `bias` (of `kernel`'s other axes): an `EinsumDense` of the
+    attention projections as one `linear`, `(..., *I) -> (..., *O)` for a
+    kernel `(*I, *O)`, computed in `dtype` (by default `x`'s)."""
+    x = ops.convert_to_tensor(x, dtype)
+    width = 1
+    for size in kernel.shape[:inputs]:
+        width *= size
+    trailing = tuple(kernel.shape[inputs:])
+    shape = ops.shape(x)
+    leading = tuple(shape[: len(shape) - inputs])
+    if inputs > 1:
+        x = ops.reshape(x, leading + (width,))  # (..., I)
+    if len(kernel.shape) != 2:
+        kernel = ops.reshape(kernel, (width, -1))  # (I, O)
+    if bias is not None and len(bias.shape) != 1:
+        bias = ops.reshape(bias, (-1,))
+    output = linear(x, kernel, bias)  # (..., O)
+    return output if len(trailing) == 1 else ops.reshape(output, leading + trailing)
 
 
 def layer_norm(x, gamma, beta, epsilon):

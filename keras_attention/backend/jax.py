@@ -64,6 +64,10 @@ def linear(x, kernel, bias):
     return ops.reshape(output, ops.shape(x)[:-1] + (kernel.shape[-1],))  # (B, T, N)
 
 
+def dense(x, kernel, bias, inputs=1, dtype=None):
+    return common.dense(x, kernel, bias, inputs, dtype, linear=linear)
+
+
 def kernel_dtype(dtype):
     # XLA's CPU dot_general has no float16 x float16 -> float32 variant,
     # which jax.nn.dot_product_attention asks for under jit.

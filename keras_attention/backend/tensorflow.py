@@ -42,6 +42,7 @@ PREFERENCES = Preferences(
 )
 
 linear = common.linear
+dense = common.dense
 layer_norm = common.layer_norm
 unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite

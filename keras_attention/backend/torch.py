@@ -12,7 +12,8 @@ instead of `bernoulli_` (`dropout`), seeded from the layer's `SeedGenerator`
 as Keras seeds its own torch dropout, so seeded runs repeat and resume.
 
 Torch runs a model eagerly: decoding loops run as Python loops without
-autograd over the layers' own calls.
+autograd over the layers' own calls, straight to `call` where Keras's
+per-call wrapper would add nothing (`direct_calls`).
 """
 
 
@@ -24,7 +25,7 @@ from keras import ops
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
 
-PREFERENCES = Preferences(linear_projections=True, dropout_kernel=True)
+PREFERENCES = Preferences(linear_projections=True, dropout_kernel=True, direct_calls=True)
 
 kernel_dtype = common.kernel_dtype
 fori_loop = common.fori_loop
@@ -37,6 +38,27 @@ def linear(x, kernel, bias):
     kernel = ops.cast(kernel, x.dtype)
     bias = None if bias is None else ops.cast(bias, x.dtype)
     return F.linear(x, kernel.T, bias)
+
+
+def dense(x, kernel, bias, inputs=1, dtype=None):
+    """`common.dense` in torch operations: a view, one `F.linear`, a view."""
+    if not isinstance(x, torch.Tensor):
+        x = ops.convert_to_tensor(x)
+    if dtype is not None and x.dtype != getattr(torch, dtype):
+        x = x.to(getattr(torch, dtype))
+    kernel = _tensor(kernel).to(x.dtype)
+    width = kernel.shape[:inputs].numel()
+    leading = x.shape[: x.dim() - inputs]
+    weight = kernel.reshape(width, -1).T  # (O, I)
+    if bias is not None:
+        bias = _tensor(bias).to(x.dtype).reshape(-1)
+    output = F.linear(x.reshape(*leading, width), weight, bias)  # (..., O)
+    return output.reshape(*leading, *kernel.shape[inputs:])
+
+
+def _tensor(x):
+    """A variable's value (a torch tensor), or `x` as a tensor."""
+    return x.value if isinstance(x, keras.Variable) else ops.convert_to_tensor(x)
 
 
 def layer_norm(x, gamma, beta, epsilon):

@@ -6,10 +6,11 @@ Shape legend: any shape; the mask has the shape of the input.
 import keras
 
 from keras_attention import backend
+from keras_attention.layers._direct_calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class Dropout(keras.layers.Dropout):
+class Dropout(DirectCalls, keras.layers.Dropout):
     """`keras.layers.Dropout`, drawing its mask through `backend.dropout`.
 
     The same layer, arguments and distribution: `inputs / (1 - rate)` kept

@@ -34,8 +34,7 @@ def dense_call(dense, x):
     """`dense(x)` for a built `keras.layers.Dense` without activation."""
     if not takes_linear(dense):
         return dense(x)
-    x = ops.convert_to_tensor(x, dense.compute_dtype)  # as the layer casts
-    return backend.linear(x, dense.kernel, dense.bias)
+    return backend.dense(x, dense.kernel, dense.bias, dtype=dense.compute_dtype)
 
 
 def project(dense, x, merge_heads=False):
@@ -47,22 +46,13 @@ def project(dense, x, merge_heads=False):
     """
     if not takes_linear(dense):
         return dense(x)
-    x = ops.convert_to_tensor(x, dense.compute_dtype)  # as the layer casts
-    batch, length = ops.shape(x)[0], ops.shape(x)[1]
-    # The kernel's input width, static where a graph's batch and length
-    # are not: `(D, ...)`, or `(H, V, ...)` with `merge_heads`.
-    width = dense.kernel.shape[0] * (dense.kernel.shape[1] if merge_heads else 1)
-    if merge_heads:
-        x = ops.reshape(x, (batch, length, width))  # (B, T, H V)
-    kernel = ops.reshape(dense.kernel, (width, -1))  # (D, N)
-    bias = None if dense.bias is None else ops.reshape(dense.bias, (-1,))  # (N,)
-    output = backend.linear(x, kernel, bias)  # (B, T, N)
+    output = backend.dense(
+        x, dense.kernel, dense.bias, inputs=2 if merge_heads else 1,
+        dtype=dense.compute_dtype,
+    )  # (B, T, heads, size) or (B, T, *O)
     if dense.activation is not keras.activations.linear:
         output = dense.activation(output)
-    trailing = tuple(dense.kernel.shape[2 if merge_heads else 1:])
-    if merge_heads and len(trailing) == 1:
-        return output  # (B, T, O)
-    return ops.reshape(output, (batch, length) + trailing)  # (B, T, *O|heads, size)
+    return output
 
 
 def project_self(query_dense, key_dense, value_dense, x):

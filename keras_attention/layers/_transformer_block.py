@@ -25,6 +25,7 @@ from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers._direct_calls import DirectCalls
 
 NORMALIZATIONS = ("layer_norm", "rms_norm")
 
@@ -237,7 +238,7 @@ class BlockArguments:
         )
 
 
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(DirectCalls, keras.layers.Layer):
     """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`.
 
     Takes the block arguments (`BlockArguments`) and the base layer's, and
@@ -297,7 +298,7 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-class TransformerStack(keras.layers.Layer):
+class TransformerStack(DirectCalls, keras.layers.Layer):
     """Base of `TransformerEncoderStack` and `TransformerDecoderStack`: N
     blocks of `block_class` made from one `BlockArguments`, then an optional
     norm."""

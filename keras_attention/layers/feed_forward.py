@@ -10,10 +10,11 @@ from keras_attention import _validation
 from keras_attention import activations
 from keras_attention.layers import _projection
 from keras_attention.layers._dropout import Dropout
+from keras_attention.layers._direct_calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class FeedForward(keras.layers.Layer):
+class FeedForward(DirectCalls, keras.layers.Layer):
     """The position-wise feed-forward network of a Transformer block.
 
     Plain (`gated=False`), equation 2 of "Attention Is All You Need" with a

@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from keras_attention import backend
+from keras_attention.layers._direct_calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class LayerNormalization(keras.layers.LayerNormalization):
+class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization`, the same arguments, weights and
     outputs (to float rounding), computed as `(x - mean) / sqrt(variance +
     epsilon) * gamma + beta` over the last axis where the backend runs that

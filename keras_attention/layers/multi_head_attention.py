@@ -18,9 +18,10 @@ from keras_attention import scoring
 from keras_attention.layers import _projection
 from keras_attention.layers._attention_axes import AttentionOverAxes
 from keras_attention.layers._keras_mha import KerasInterface
+from keras_attention.layers._direct_calls import DirectCalls
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class MultiHeadAttention(AttentionOverAxes, KerasInterface, keras.layers.Layer):
+class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.layers.Layer):
     """Multi-head attention, a drop-in for `keras.layers.MultiHeadAttention`.
 
     The pipeline of "Attention Is All You Need": project the query to `H`

@@ -12,10 +12,11 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention.layers.sinusoidal_position_encoding import broadcast_rows
 from keras_attention.layers.sinusoidal_position_encoding import check_table_inputs
+from keras_attention.layers._direct_calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class PositionEmbedding(keras.layers.Layer):
+class PositionEmbedding(DirectCalls, keras.layers.Layer):
     """A learned position table `(sequence_length, D)`, as in GPT and BERT.
 
     The layer holds a trainable table `embeddings` of shape

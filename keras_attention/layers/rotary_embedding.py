@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers.sinusoidal_position_encoding import (
     check_positive_number,
     check_start_index_and_positions,
@@ -23,7 +24,7 @@ ROPE_TYPES = ("linear", "dynamic", "yarn")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(DirectCalls, keras.layers.Layer):
     """Rotary position embedding (RoFormer), applied to queries or keys.
 
     Each head vector `x` at position `pos` is split into `D/2` pairs, and pair

@@ -10,10 +10,11 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._direct_calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class SinusoidalPositionEncoding(keras.layers.Layer):
+class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
     """The fixed sinusoidal position table of Vaswani et al. (section 3.5).
 
     For position `pos` and feature pair `i` of a width-`D` model:

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._transformer_block import copy_initializer
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.position_embedding import check_length
@@ -22,7 +23,7 @@ POSITIONS = ("learned", "sinusoidal", None)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TokenAndPositionEmbedding(keras.layers.Layer):
+class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
     """Token embedding plus position embedding, the input of a Transformer.
 
     `output = E[ids] + P[start_index .. start_index + T - 1]`, where `E` is

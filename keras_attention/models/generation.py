@@ -37,6 +37,7 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention import backend
+from keras_attention.layers import _direct_calls
 from keras_attention.models import beam_search as beam_search_lib
 from keras_attention.models import cache_windows
 from keras_attention.models import sampling as sampling_lib
@@ -404,8 +405,21 @@ class Generator:
         """The compiled `loop` for one configuration (its step computing
         `rows` rows), made once."""
         if key not in self._functions:
+            if backend.preferences().direct_calls:
+                loop = _with_direct_calls(loop)
             self._functions[key] = backend.compile_decoding(loop, self.variables())
         return self._functions[key]
+
+
+def _with_direct_calls(loop):
+    """`loop` with its layers called through their own `call` where Keras's
+    wrapper would add nothing (`layers/_direct_calls.py`)."""
+
+    def function(*args):
+        with _direct_calls.inference():
+            return loop(*args)
+
+    return function
 
 
 def _to_numpy(x, dtype=None):
