@@ -390,10 +390,3 @@ def check_choice(name, value, choices):
             f"Received: {name}={value!r}"
         )
     return value
-
-
-def check_bool(name, value):
-    """Returns `value` as a bool if it is one (Python's or numpy's), else raises."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
-    return bool(value)

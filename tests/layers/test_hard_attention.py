@@ -734,7 +734,7 @@ def test_rejects_gumbel_with_argmax_selection():
 
 
 def test_rejects_bad_hard_and_seed():
-    with pytest.raises(ValueError, match=r"`hard` must be a bool.*hard='yes'"):
+    with pytest.raises(ValueError, match=r"`hard` must be True or False.*hard='yes'"):
         HardAttention(estimator="gumbel", hard="yes")
     with pytest.raises(ValueError, match=r"`seed` must be None or an integer.*'a'"):
         HardAttention(seed="a")

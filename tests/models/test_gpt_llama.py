@@ -304,7 +304,7 @@ def test_sampling_through_the_cache(model, prompt):
          r"Received: positions='sinusoidal'"),
         (dict(positions=None), r"`positions`.*positions=None"),
         (dict(normalization="batch_norm"), r"`normalization`.*normalization='batch_norm'"),
-        (dict(tie_weights="no"), r"`tie_weights` must be a bool.*tie_weights='no'"),
+        (dict(tie_weights="no"), r"`tie_weights` must be True or False.*tie_weights='no'"),
         (dict(gated_feedforward=1), r"`gated_feedforward`.*gated_feedforward=1"),
         (dict(rotary_max_wavelength=0), r"`rotary_max_wavelength`.*rotary_max_wavelength=0"),
         (dict(num_key_value_heads=3), r"`num_heads`.*`num_key_value_heads`"),

@@ -195,9 +195,10 @@ def test_one_beam_is_greedy(model):
 
 
 def test_beam_search_finds_the_best_sequence_by_brute_force():
-    # V = 3, 3 new tokens: 27 sequences; 9 = V ** 2 beams keep every prefix.
+    # V = 4 with the pad id 0, which is never generated: 3 tokens, 3 new
+    # tokens, 27 sequences; 9 = 3 ** 2 beams keep every prefix.
     small = Seq2SeqTransformer(
-        SOURCE_V, 3, MAX_S, 4, num_encoder_layers=1, num_decoder_layers=1,
+        SOURCE_V, 4, MAX_S, 4, num_encoder_layers=1, num_decoder_layers=1,
         num_heads=2, hidden_dim=8, intermediate_dim=16, dropout=0.0,
     )
     small.build()
@@ -206,14 +207,14 @@ def test_beam_search_finds_the_best_sequence_by_brute_force():
         variable.assign(rng.normal(scale=1.0, size=variable.shape).astype("float32"))
     sources = _sources()
     sequences, scores = small.generate(
-        sources, max_new_tokens=3, start_token_id=0, sampling="beam", num_beams=9,
+        sources, max_new_tokens=3, start_token_id=1, sampling="beam", num_beams=9,
         num_return_sequences=9, length_penalty=0.0, return_scores=True,
     )
     assert sequences.shape == (2, 9, 4) and scores.shape == (2, 9)
     for b, source in enumerate(sources):
         everything = {
-            (0,) + tail: _sequence_log_prob(small, source, (0,) + tail)
-            for tail in itertools.product(range(3), repeat=3)
+            (1,) + tail: _sequence_log_prob(small, source, (1,) + tail)
+            for tail in itertools.product(range(1, 4), repeat=3)
         }
         ranked = sorted(everything.items(), key=lambda item: -item[1])
         assert tuple(sequences[b, 0]) == ranked[0][0]
