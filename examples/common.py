@@ -416,6 +416,15 @@ def choose_pipeline(requested=None):
     return requested
 
 
+def numpy_batches(dataset):
+    """The batches of a finite dataset of either pipeline, as numpy."""
+    if hasattr(dataset, "as_numpy_iterator"):
+        yield from dataset.as_numpy_iterator()
+        return
+    for index in range(dataset.num_batches):
+        yield dataset[index]
+
+
 def array_batches(batch, num_batches):
     """A `keras.utils.PyDataset` whose item `i` is `batch(i)` (numpy
     arrays), `num_batches` long (None: endless). Read in order, in the
@@ -436,6 +445,83 @@ def array_batches(batch, num_batches):
             return batch(index)
 
     return _array_batches()
+
+
+# Prepared data: lists of id lists as plain files.
+
+
+def save_id_lists(path, named):
+    """Writes `named`, a dict of names to lists of id lists (the token ids
+    of each text), to the `.npz` file `path`: per name the ids end to end
+    (`NAME_ids`, int32) and where each list starts (`NAME_offsets`)."""
+    arrays = {}
+    for name, lists in named.items():
+        arrays[f"{name}_ids"] = np.array([i for ids in lists for i in ids], "int32")
+        arrays[f"{name}_offsets"] = np.cumsum([0] + [len(ids) for ids in lists])
+    np.savez(path, **arrays)
+
+
+def load_id_lists(path):
+    """What `save_id_lists` wrote to `path`: a dict of names to lists of id
+    lists."""
+    arrays = np.load(path)
+    names = [key[: -len("_ids")] for key in arrays.files if key.endswith("_ids")]
+    named = {}
+    for name in names:
+        flat, offsets = arrays[f"{name}_ids"], arrays[f"{name}_offsets"]
+        named[name] = [flat[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    return named
+
+
+def check_prepared(directory, names):
+    """`directory` as a `pathlib.Path` if it holds the files `names`, else
+    a `ValueError` naming the missing ones."""
+    directory = pathlib.Path(directory)
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise ValueError(
+            f"`--data` must be a folder that `--prepare` wrote; {missing} missing. "
+            f"Received: data={str(directory)!r}"
+        )
+    return directory
+
+
+def check_prepared_settings(settings, expected, directory):
+    """Raises a `ValueError` naming the first option whose value in the
+    prepared `settings` differs from the run's `expected` (JSON values)."""
+    expected = json.loads(json.dumps(expected))  # tuples as lists
+    for name, value in expected.items():
+        if settings.get(name) != value:
+            raise ValueError(
+                f"The data in {directory} was prepared with {name}={settings.get(name)!r}; "
+                f"this run has {name}={value!r}. Prepare it again with this run's options. "
+                f"Received: data={str(directory)!r}"
+            )
+
+
+def require_tensorflow_or_prepared(prepared):
+    """Refuses a run that would tokenize (KerasHub's WordPiece needs
+    TensorFlow) where TensorFlow does not import and no `--data` is given."""
+    if prepared is None and not tensorflow_installed():
+        raise ValueError(
+            "Without TensorFlow (KerasHub's WordPiece needs it), training reads data "
+            "that `--prepare DIR` wrote where TensorFlow is installed: pass `--data DIR`. "
+            "Received: data=None"
+        )
+
+
+def add_prepare_options(parser):
+    """`--prepare DIR` and `--data DIR`, for an example that tokenizes with
+    KerasHub's WordPiece."""
+    parser.add_argument(
+        "--prepare", metavar="DIR",
+        help="write the splits, vocabularies and token ids into DIR and stop "
+        "(needs TensorFlow and tensorflow-text, for KerasHub's WordPiece)",
+    )
+    parser.add_argument(
+        "--data", metavar="DIR",
+        help="train on the data --prepare wrote into DIR (no TensorFlow needed)",
+    )
 
 
 # Progress.

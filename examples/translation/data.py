@@ -795,15 +795,12 @@ def save_prepared(directory, splits, tokenizer, settings):
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(directory)
-    arrays = {}
+    named = {}
     for name in PREPARED_SPLITS:
         pairs = splits[name]
-        for side, encode in (("source", tokenizer.encode_source),
-                             ("target", tokenizer.encode_target)):
-            ids = encode([getattr(p, side) for p in pairs])
-            arrays[f"{name}_{side}_ids"] = np.array([i for x in ids for i in x], "int32")
-            arrays[f"{name}_{side}_offsets"] = np.cumsum([0] + [len(x) for x in ids])
-    np.savez(directory / "ids.npz", **arrays)
+        named[f"{name}_source"] = tokenizer.encode_source([p.source for p in pairs])
+        named[f"{name}_target"] = tokenizer.encode_target([p.target for p in pairs])
+    common.save_id_lists(directory / "ids.npz", named)
     pairs = {name: [list(p) for p in splits[name]] for name in PREPARED_SPLITS}
     (directory / "pairs.json").write_text(json.dumps(pairs, ensure_ascii=False), encoding="utf-8")
     (directory / "settings.json").write_text(json.dumps(settings, sort_keys=True))
@@ -815,26 +812,18 @@ def load_prepared(directory):
     tokenizer also remembers (it encodes these texts without WordPiece)."""
     import json
 
-    directory = pathlib.Path(directory)
-    missing = [n for n in ("ids.npz", "pairs.json", "settings.json", "tokenizer.json")
-               if not (directory / n).is_file()]
-    if missing:
-        raise ValueError(
-            f"`--data` must be a folder that `--prepare` wrote; {missing} missing. "
-            f"Received: data={str(directory)!r}"
-        )
+    directory = common.check_prepared(
+        directory, ("ids.npz", "pairs.json", "settings.json", "tokenizer.json")
+    )
     tokenizer = PairTokenizer.load(directory)
-    arrays = np.load(directory / "ids.npz")
+    named = common.load_id_lists(directory / "ids.npz")
     pairs = json.loads((directory / "pairs.json").read_text(encoding="utf-8"))
     splits, ids = {}, {}
     for name in PREPARED_SPLITS:
         splits[name] = [Pair(*p) for p in pairs[name]]
-        sides = []
         for side in ("source", "target"):
-            flat, offsets = arrays[f"{name}_{side}_ids"], arrays[f"{name}_{side}_offsets"]
-            lists = [flat[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
-            tokenizer.remember(side, [getattr(p, side) for p in splits[name]], lists)
-            sides.append(lists)
-        ids[name] = tuple(sides)
+            texts = [getattr(p, side) for p in splits[name]]
+            tokenizer.remember(side, texts, named[f"{name}_{side}"])
+        ids[name] = (named[f"{name}_source"], named[f"{name}_target"])
     settings = json.loads((directory / "settings.json").read_text())
     return splits, tokenizer, ids, settings

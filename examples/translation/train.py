@@ -22,7 +22,6 @@ beam-search translations of the test books.
 """
 
 import dataclasses
-import json
 import pathlib
 import sys
 import time
@@ -181,14 +180,7 @@ def make_splits(config, tokenizer=None):
 def read_prepared(config, directory):
     """`data.load_prepared(directory)`, checked against the run's options."""
     splits, tokenizer, ids, settings = data.load_prepared(directory)
-    expected = json.loads(json.dumps(data_settings(config)))  # tuples as lists
-    for name in DATA_OPTIONS:
-        if settings.get(name) != expected[name]:
-            raise ValueError(
-                f"The data in {directory} was prepared with {name}={settings.get(name)!r}; "
-                f"this run has {name}={expected[name]!r}. Prepare it again with this "
-                f"run's options. Received: data={str(directory)!r}"
-            )
+    common.check_prepared_settings(settings, data_settings(config), directory)
     return splits, tokenizer, ids
 
 
@@ -219,13 +211,8 @@ def make_data(config, start_step=0, tokenizer=None, pipeline="tf.data", prepared
                 f"Received: data={str(prepared)!r}"
             )
         tokenizer = prepared_tokenizer
-    elif not common.tensorflow_installed():
-        raise ValueError(
-            "Without TensorFlow (KerasHub's WordPiece needs it), training reads data "
-            "that `--prepare DIR` wrote where TensorFlow is installed: pass `--data DIR`. "
-            "Received: data=None"
-        )
     else:
+        common.require_tensorflow_or_prepared(prepared)
         splits, tokenizer = make_splits(config, tokenizer)
     if pipeline == "arrays":
         if ids is None:
@@ -501,14 +488,7 @@ def parse_args(argv=None):
         "--train-only", action="store_true",
         help="stop after training and saving (no BLEU, samples or picture)",
     )
-    parser.add_argument(
-        "--prepare", metavar="DIR",
-        help="write the splits, vocabularies and token ids into DIR and stop "
-        "(needs TensorFlow and tensorflow-text, for KerasHub's WordPiece)",
-    )
-    parser.add_argument(
-        "--data", metavar="DIR", help="train on the data --prepare wrote into DIR",
-    )
+    common.add_prepare_options(parser)
     args = parser.parse_args(argv)
     config = common.config_from_args(parser, args, PRESETS, Config, options=("layout",))
     return args, config
