@@ -255,10 +255,12 @@ def run_row(args, row):
 # The driver.
 
 
-def prepare_tiny_data(args):
-    """The dry run's prepared data (`--tiny --prepare`), made where it is
-    missing: that needs TensorFlow, as preparing the real data does."""
-    for name in ("translation", "bert_mlm"):
+def prepare_tiny_data(args, rows):
+    """The dry run's prepared data (`--tiny --prepare`) for `rows`, made
+    where it is missing: that needs TensorFlow, as preparing the real data
+    does."""
+    names = {"translation": "translation", "bert": "bert_mlm"}
+    for name in sorted({names[r.split("-")[0]] for r in rows if r.split("-")[0] in names}):
         folder = pathlib.Path(args.data_dir) / f"{name}_tiny"
         if not (folder / "ids.npz").exists():
             subprocess.run(
@@ -292,8 +294,7 @@ def main(argv=None):
             f.write(json.dumps(row) + "\n")
         return row
     pathlib.Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    if args.dry_run:
-        prepare_tiny_data(args)
+
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     ))
@@ -303,6 +304,8 @@ def main(argv=None):
         if unknown:
             raise SystemExit(f"--rows must name rows of {rows}. Received: rows={args.rows!r}")
         rows = tuple(r for r in rows if r in args.rows.split(","))
+    if args.dry_run:
+        prepare_tiny_data(args, rows)
     failed = []
     for row in rows:
         print(f"---- {row}", flush=True)

@@ -466,6 +466,9 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
     """
     import tensorflow as tf
 
+    # Made here, eagerly: KerasHub's tokenizer holds lookup tables that a
+    # tokenizer first made inside a traced `map` would leave in its graph.
+    tokenizer = vocabulary.tokenizer
     first = tf.constant([a for a, _ in pairs])
     second = tf.constant([b for _, b in pairs])
     packer = _packer(sequence_length)
@@ -478,7 +481,7 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
         return (*x.values(), mask_ids, mask_weights)
 
     def preprocess(index, texts):  # (), ((B,), (B,)) strings
-        token_ids, segment_ids = packer(tuple(vocabulary.tokenizer(t) for t in texts))
+        token_ids, segment_ids = packer(tuple(tokenizer(t) for t in texts))
         values = tf.numpy_function(
             mask, [token_ids, segment_ids, index],
             ("int32", "int32", "bool", "int32", "int32", "float32"),
@@ -492,6 +495,7 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
         order = tf.numpy_function(
             lambda i: pass_order(len(pairs), seed, i), [index], tf.int64
         )
+        order = tf.ensure_shape(order, (len(pairs),))
         return tf.data.Dataset.from_tensor_slices(
             (tf.gather(first, order), tf.gather(second, order))
         ).batch(batch_size, drop_remainder=True)
@@ -517,12 +521,13 @@ def testament_batches(verses, vocabulary, sequence_length, batch_size, seed=None
     of shuffled passes; without, one pass in order."""
     import tensorflow as tf
 
+    tokenizer = vocabulary.tokenizer  # made eagerly, as in `pair_batches`
     texts = tf.constant([v.text for v in verses])
     labels = tf.constant([testament(v) for v in verses], "int32")
     packer = _packer(sequence_length)
 
     def preprocess(text, label):
-        token_ids, segment_ids = packer(vocabulary.tokenizer(text))
+        token_ids, segment_ids = packer(tokenizer(text))
         x = {"token_ids": token_ids, "segment_ids": segment_ids,
              "padding_mask": token_ids != PAD_ID}
         return x, label

@@ -538,16 +538,20 @@ def _pair_dataset(pairs, tokenizer, max_length, seed=None, epoch=None):
     """
     import tensorflow as tf
 
+    # Made here, eagerly: KerasHub's tokenizers hold lookup tables that a
+    # tokenizer first made inside a traced `map` would leave in its graph.
+    source_tokenizer, target_tokenizer = tokenizer.source, tokenizer.target
     sources = tf.constant([p.source for p in pairs])
     targets = tf.constant([p.target for p in pairs])
     if seed is not None:
         order = tf.numpy_function(
             lambda e: epoch_order(len(pairs), seed, e), [epoch], tf.int64
         )
+        order = tf.ensure_shape(order, (len(pairs),))
         sources, targets = tf.gather(sources, order), tf.gather(targets, order)
 
     def tokenize(source, target):  # (N,) strings, tokenized in batches
-        return tokenizer.source(source), tokenizer.target(target)
+        return source_tokenizer(source), target_tokenizer(target)
 
     def teacher_forcing(source_ids, target_ids):
         source_ids = source_ids[:max_length]  # (S,)
