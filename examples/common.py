@@ -458,7 +458,7 @@ def save_id_lists(path, named):
     for name, lists in named.items():
         arrays[f"{name}_ids"] = np.array([i for ids in lists for i in ids], "int32")
         arrays[f"{name}_offsets"] = np.cumsum([0] + [len(ids) for ids in lists])
-    np.savez(path, **arrays)
+    np.savez_compressed(path, **arrays)
 
 
 def load_id_lists(path):

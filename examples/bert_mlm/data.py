@@ -259,7 +259,7 @@ PREPARED_SPLITS = ("train", "validation", "test")
 
 def save_prepared(directory, splits, vocabulary, settings):
     """Writes what training needs into `directory`: `vocabulary.txt`,
-    `verses.json` (the verses of each split), `ids.npz` (the ids of every
+    `verses.json.gz` (the verses of each split), `ids.npz` (the ids of every
     verse, `common.save_id_lists`) and `settings.json` (the options that
     made them)."""
     import json
@@ -272,8 +272,8 @@ def save_prepared(directory, splits, vocabulary, settings):
         for name in PREPARED_SPLITS
     })
     verses = {name: [list(v) for v in splits[name]] for name in PREPARED_SPLITS}
-    (directory / "verses.json").write_text(json.dumps(verses, ensure_ascii=False),
-                                           encoding="utf-8")
+    with gzip.open(directory / "verses.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(verses, f, ensure_ascii=False)
     (directory / "settings.json").write_text(json.dumps(settings, sort_keys=True))
 
 
@@ -283,11 +283,12 @@ def load_prepared(directory):
     import json
 
     directory = common.check_prepared(
-        directory, ("ids.npz", "verses.json", "settings.json", "vocabulary.txt")
+        directory, ("ids.npz", "verses.json.gz", "settings.json", "vocabulary.txt")
     )
     vocabulary = Vocabulary.load(directory)
     ids = common.load_id_lists(directory / "ids.npz")
-    verses = json.loads((directory / "verses.json").read_text(encoding="utf-8"))
+    with gzip.open(directory / "verses.json.gz", "rt", encoding="utf-8") as f:
+        verses = json.load(f)
     splits = {name: [Verse(*v) for v in verses[name]] for name in PREPARED_SPLITS}
     for name in PREPARED_SPLITS:
         vocabulary.remember([v.text for v in splits[name]], ids[name])

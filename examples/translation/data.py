@@ -785,7 +785,7 @@ PREPARED_SPLITS = ("train", "validation", "test")
 
 def save_prepared(directory, splits, tokenizer, settings):
     """Writes what training needs into `directory`: the vocabularies
-    (`PairTokenizer.save`), `pairs.json` (the pairs of each split),
+    (`PairTokenizer.save`), `pairs.json.gz` (the pairs of each split),
     `ids.npz` (each split's source and target ids, flat with offsets) and
     `settings.json` (the options that made them).
 
@@ -806,7 +806,8 @@ def save_prepared(directory, splits, tokenizer, settings):
         named[f"{name}_target"] = tokenizer.encode_target([p.target for p in pairs])
     common.save_id_lists(directory / "ids.npz", named)
     pairs = {name: [list(p) for p in splits[name]] for name in PREPARED_SPLITS}
-    (directory / "pairs.json").write_text(json.dumps(pairs, ensure_ascii=False), encoding="utf-8")
+    with gzip.open(directory / "pairs.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(pairs, f, ensure_ascii=False)
     (directory / "settings.json").write_text(json.dumps(settings, sort_keys=True))
 
 
@@ -817,11 +818,12 @@ def load_prepared(directory):
     import json
 
     directory = common.check_prepared(
-        directory, ("ids.npz", "pairs.json", "settings.json", "tokenizer.json")
+        directory, ("ids.npz", "pairs.json.gz", "settings.json", "tokenizer.json")
     )
     tokenizer = PairTokenizer.load(directory)
     named = common.load_id_lists(directory / "ids.npz")
-    pairs = json.loads((directory / "pairs.json").read_text(encoding="utf-8"))
+    with gzip.open(directory / "pairs.json.gz", "rt", encoding="utf-8") as f:
+        pairs = json.load(f)
     splits, ids = {}, {}
     for name in PREPARED_SPLITS:
         splits[name] = [Pair(*p) for p in pairs[name]]
