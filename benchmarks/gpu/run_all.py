@@ -190,7 +190,6 @@ def _model_argv(args, name):
 def translation_row(args, backend, began):
     train = _example("translation", backend)
     import _measure
-    import numpy as np
 
     jit = ["--jit"] if backend == "torch" and args.torch_jit else []
     with tempfile.TemporaryDirectory() as out:
@@ -198,16 +197,12 @@ def translation_row(args, backend, began):
                              "--output-dir", out])
         loss, val_loss = _last_losses(out)
     model, config = result["model"], result["config"]
-    length = config.max_length
-    rows = max(config.batch_tokens // length, 1)
-    ids = np.random.default_rng(0).integers(4, 100, (rows, length + 1)).astype("int32")
-    x = {"encoder_token_ids": ids[:, 1:], "decoder_token_ids": ids[:, :-1]}
-    seconds = _measure.step_seconds(model, x, ids[:, 1:], np.ones((rows, length), "float32"))
-    blocks = config.num_encoder_layers * length**2 + config.num_decoder_layers * 2 * length**2
-    flops = 6 * model.count_params() * rows * length + 12 * config.hidden_dim * blocks * rows
+    x, y, weights, tokens = _measure.translation_batch(config)
+    seconds = _measure.step_seconds(model, x, y, weights)
+    flops = _measure.translation_flops(model, config)
     return dict(
         steps=config.steps, wall=time.perf_counter() - began, ms_per_step=1e3 * seconds,
-        tokens_per_second=rows * length / seconds, mfu=flops / seconds / (args.peak_tflops * 1e12),
+        tokens_per_second=tokens / seconds, mfu=flops / seconds / (args.peak_tflops * 1e12),
         kernel=_measure.attention_kernels(model, x), loss=loss, val_loss=val_loss,
     )
 
@@ -215,7 +210,6 @@ def translation_row(args, backend, began):
 def bert_row(args, backend, began):
     train = _example("bert_mlm", backend)
     import _measure
-    import numpy as np
 
     jit = ["--jit"] if backend == "torch" and args.torch_jit else []
     with tempfile.TemporaryDirectory() as out:
@@ -223,22 +217,12 @@ def bert_row(args, backend, began):
                              "--output-dir", out])
         loss, val_loss = _last_losses(out)
     model, config = result["model"], result["config"]
-    rows, length, masks = config.batch_size, config.sequence_length, config.mask_selection_length
-    rng = np.random.default_rng(0)
-    x = {
-        "token_ids": rng.integers(5, model.vocabulary_size, (rows, length)).astype("int32"),
-        "segment_ids": np.repeat([[0] * (length // 2) + [1] * (length - length // 2)], rows, 0),
-        "padding_mask": np.ones((rows, length), bool),
-        "mask_positions": np.sort(rng.permuted(np.tile(np.arange(length), (rows, 1)), axis=1)
-                                  [:, :masks], axis=1).astype("int32"),
-    }
-    y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
-    seconds = _measure.step_seconds(model, x, y, np.ones((rows, masks), "float32"))
-    flops = 6 * model.count_params() + 12 * config.num_layers * config.hidden_dim * length
+    x, y, weights, tokens = _measure.bert_batch(model, config)
+    seconds = _measure.step_seconds(model, x, y, weights)
     return dict(
         steps=config.steps, wall=time.perf_counter() - began, ms_per_step=1e3 * seconds,
-        tokens_per_second=rows * length / seconds,
-        mfu=mfu(rows * length / seconds, flops, args.peak_tflops),
+        tokens_per_second=tokens / seconds,
+        mfu=mfu(tokens / seconds, _measure.bert_flops_per_token(model, config), args.peak_tflops),
         kernel=_measure.attention_kernels(model, x), loss=loss, val_loss=val_loss,
     )
 
