@@ -59,9 +59,11 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # nanoGPT, written out.
 
 
-def nanogpt_model(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128):
-    """nanoGPT's `model.py` GPT with `bias=False` and no dropout; the caller
-    seeds torch first (the initialization draws from its generator)."""
+def nanogpt_model(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0):
+    """nanoGPT's `model.py` GPT with `bias=False`; the caller seeds torch
+    first (the initialization draws from its generator). With `dropout`, as
+    nanoGPT: on the embeddings, inside `scaled_dot_product_attention`
+    (`dropout_p`, which its flash kernel takes), after each residual branch."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -86,9 +88,11 @@ def nanogpt_model(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128):
             q = q.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
             k = k.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
             v = v.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout if self.training else 0.0, is_causal=True
+            )  # (B, nh, T, hs)
             y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-            return self.c_proj(y)
+            return F.dropout(self.c_proj(y), dropout, self.training)
 
     class MLP(nn.Module):
         def __init__(self):
@@ -98,7 +102,7 @@ def nanogpt_model(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128):
             self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=False)
 
         def forward(self, x):
-            return self.c_proj(self.gelu(self.c_fc(x)))
+            return F.dropout(self.c_proj(self.gelu(self.c_fc(x))), dropout, self.training)
 
     class Block(nn.Module):
         def __init__(self):
@@ -129,8 +133,8 @@ def nanogpt_model(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
         def forward(self, idx, targets):
-            pos = torch.arange(idx.size(1), dtype=torch.long)
-            x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+            pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+            x = F.dropout(self.wte(idx) + self.wpe(pos), dropout, self.training)  # (B, T, C)
             for block in self.h:
                 x = block(x)
             logits = self.lm_head(self.ln_f(x))  # (B, T, V)
@@ -152,16 +156,29 @@ def nanogpt_optimizer(model, learning_rate, weight_decay=0.1, betas=(0.9, 0.99))
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
 
 
-def nanogpt(steps, eval_interval, eval_iters, out_dir):
-    """nanoGPT's `train.py` with the CPU configuration; returns its times and
-    losses."""
+# nanoGPT's shakespeare_char configurations: its README's CPU run, and its
+# config file's (a GPU).
+CPU_CONFIG = dict(block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+GPU_CONFIG = dict(block_size=256, batch_size=64, n_layer=6, n_head=6, n_embd=384, dropout=0.2)
+
+
+def nanogpt(steps, eval_interval, eval_iters, out_dir, config=None, device="cpu",
+            compile=False):
+    """nanoGPT's `train.py` with `config` (`CPU_CONFIG` by default); returns
+    its times and losses. On a CUDA `device` as nanoGPT runs there: bfloat16
+    autocast, batches pinned and copied without blocking, `torch.compile`
+    with `compile`."""
+    import contextlib
+
     import numpy as np
     import torch
 
     sys.path.insert(0, str(ROOT / "examples"))
     import common
 
-    block_size, batch_size, n_layer, n_head, n_embd = 64, 12, 4, 4, 128
+    config = dict(CPU_CONFIG if config is None else config)
+    block_size, batch_size = config["block_size"], config["batch_size"]
+    n_layer, n_head, n_embd = config["n_layer"], config["n_head"], config["n_embd"]
     learning_rate, min_lr, warmup_iters, lr_decay_iters = 1e-3, 1e-4, 100, steps
     weight_decay, beta1, beta2, grad_clip = 1e-1, 0.9, 0.99, 1.0
     torch.manual_seed(1337)
@@ -181,10 +198,21 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
         y = torch.stack(
             [torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix]
         )
+        if device != "cpu":
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
         return x, y
 
-    model = nanogpt_model(len(chars), block_size, n_layer, n_head, n_embd)
+    model = nanogpt_model(len(chars), block_size, n_layer, n_head, n_embd, config["dropout"])
+    model.to(device)
     optimizer = nanogpt_optimizer(model, learning_rate, weight_decay, (beta1, beta2))
+    raw_model = model
+    if compile:
+        model = torch.compile(model)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device != "cpu"
+        else contextlib.nullcontext()
+    )
 
     def get_lr(it):
         if it < warmup_iters:
@@ -202,7 +230,8 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
             losses = torch.zeros(eval_iters)
             for k in range(eval_iters):
                 X, Y = get_batch(split)
-                _, loss = model(X, Y)
+                with autocast:
+                    _, loss = model(X, Y)
                 losses[k] = loss.item()
             out[split] = losses.mean().item()
         model.train()
@@ -226,13 +255,14 @@ def nanogpt(steps, eval_interval, eval_iters, out_dir):
                 if iter_num > 0:
                     start = time.perf_counter()
                     torch.save(
-                        {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                          "iter_num": iter_num, "best_val_loss": best_val_loss},
                         os.path.join(out_dir, "ckpt.pt"),
                     )
                     seconds["checkpoints"] += time.perf_counter() - start
         start = time.perf_counter()
-        _, loss = model(X, Y)
+        with autocast:
+            _, loss = model(X, Y)
         X, Y = get_batch("train")  # the next batch, while (on a GPU) the step runs
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

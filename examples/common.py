@@ -235,15 +235,45 @@ def split_ids(ids, train_fraction=0.9):
     return ids[:boundary], ids[boundary:]
 
 
-def train_batches(ids, context_length, batch_size, seed, start_step=0):
+def window_starts(num_starts, batch_size, seed, step):
+    """The starts of training batch `step`'s windows, `(B,)` int64: a pure
+    function of `(seed, step)` (numpy's PCG64 seeded by the pair), which
+    both pipelines draw from."""
+    rng = np.random.default_rng((seed, int(step)))
+    return rng.integers(0, num_starts, batch_size)
+
+
+def _check_windows(ids, context_length):
+    num_starts = len(ids) - context_length  # the last start still has T + 1 ids
+    if num_starts <= 0:
+        raise ValueError(
+            "The training text must be longer than `context_length`. Received: "
+            f"{len(ids)} ids, context_length={context_length}"
+        )
+    return num_starts
+
+
+def window_batch(ids, context_length, batch_size, seed, step):
+    """Training batch `step`: `(inputs, targets)`, int32 `(B, T)` each.
+
+    Every window is `T + 1` consecutive ids from a random start
+    (`window_starts`); the targets are the inputs shifted left by one, so
+    position `t` learns to predict id `t + 1` from ids `0 .. t`.
+    """
+    num_starts = _check_windows(ids, context_length)
+    starts = window_starts(num_starts, batch_size, seed, step)  # (B,)
+    window = np.asarray(ids, "int32")[starts[:, None] + np.arange(context_length + 1)]
+    return window[:, :-1], window[:, 1:]  # (B, T), (B, T)
+
+
+def train_batches(ids, context_length, batch_size, seed, start_step=0, pipeline="tf.data",
+                  num_batches=None):
     """Endless `(inputs, targets)` batches `(B, T)` of random windows.
 
-    Every window is `T + 1` consecutive ids from a random start; the targets
-    are the inputs shifted left by one, so position `t` learns to predict id
-    `t + 1` from ids `0 .. t`. Batch `k` (counting from 0 at the first step
-    of training) draws its starts from `stateless_uniform(seed=(seed, k))`,
-    so the dataset made with `start_step=k` continues exactly where a run
-    stopped at step `k`.
+    Batch `k` (counting from 0 at the first step of training) is
+    `window_batch(..., step=k)`, so the batches made with `start_step=k`
+    continue exactly where a run stopped at step `k`, whichever pipeline
+    serves them.
 
     Args:
         ids: 1-D int32 array, the training ids.
@@ -251,37 +281,36 @@ def train_batches(ids, context_length, batch_size, seed, start_step=0):
         batch_size: `B`, windows per batch.
         seed: integer; the same seed gives the same batches.
         start_step: the index of the first batch.
+        pipeline: `"tf.data"` or `"arrays"` (`keras.utils.PyDataset`,
+            no TensorFlow needed).
+        num_batches: how many batches the arrays pipeline holds (the
+            training steps left); `tf.data`'s stream is endless.
 
     Returns:
-        A `tf.data.Dataset` of int32 `(inputs, targets)` pairs.
+        A `tf.data.Dataset` or a `keras.utils.PyDataset` of int32
+        `(inputs, targets)` pairs.
 
     Raises:
         ValueError: if `ids` has no more than `context_length` ids.
     """
-    import tensorflow as tf
-
-    num_starts = len(ids) - context_length  # the last start still has T + 1 ids
-    if num_starts <= 0:
-        raise ValueError(
-            "The training text must be longer than `context_length`. Received: "
-            f"{len(ids)} ids, context_length={context_length}"
-        )
-    ids = tf.constant(ids, dtype="int32")
-    offsets = tf.range(context_length + 1, dtype="int64")  # (T + 1,)
+    _check_windows(ids, context_length)
+    ids = np.asarray(ids, "int32")
 
     def batch(step):
-        starts = tf.random.stateless_uniform(
-            (batch_size,),
-            seed=tf.stack([tf.constant(seed, "int64"), step]),
-            maxval=num_starts,
-            dtype="int64",
-        )  # (B,)
-        window = tf.gather(ids, starts[:, None] + offsets[None, :])  # (B, T + 1)
-        return window[:, :-1], window[:, 1:]  # (B, T), (B, T)
+        return window_batch(ids, context_length, batch_size, seed, step)
+
+    if check_pipeline(pipeline) == "arrays":
+        return array_batches(lambda i: batch(start_step + i), num_batches)
+    import tensorflow as tf
+
+    def draw(step):
+        inputs, targets = tf.numpy_function(batch, [step], ("int32", "int32"))
+        shape = (batch_size, context_length)
+        return tf.ensure_shape(inputs, shape), tf.ensure_shape(targets, shape)
 
     return without_autotuning(
         tf.data.Dataset.range(start_step, 2**62)
-        .map(batch, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(draw, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )
 
@@ -307,7 +336,7 @@ def without_autotuning(dataset):
     return dataset.with_options(options)
 
 
-def consecutive_windows(ids, context_length, batch_size, max_windows=None):
+def consecutive_windows(ids, context_length, batch_size, max_windows=None, pipeline="tf.data"):
     """Consecutive non-overlapping windows covering `ids`, in order.
 
     Window `i` holds ids `i T .. (i + 1) T - 1` and its targets are the next
@@ -321,19 +350,178 @@ def consecutive_windows(ids, context_length, batch_size, max_windows=None):
         max_windows: at most this many windows, the first ones (default:
             all of `ids`).
 
-    Returns:
-        A `tf.data.Dataset` of `(inputs, targets)` batches `(B, T)`.
-    """
-    import tensorflow as tf
+        pipeline: `"tf.data"` or `"arrays"`.
 
+    Returns:
+        A `tf.data.Dataset` or `keras.utils.PyDataset` of `(inputs,
+        targets)` batches `(B, T)`.
+    """
     num_windows = (len(ids) - 1) // context_length
     if max_windows is not None:
         num_windows = min(num_windows, max_windows)
     length = num_windows * context_length
     inputs = ids[:length].reshape(num_windows, context_length)  # (N, T)
     targets = ids[1 : length + 1].reshape(num_windows, context_length)  # (N, T)
-    dataset = tf.data.Dataset.from_tensor_slices((inputs, targets)).batch(batch_size)
+    return batched_arrays((inputs, targets), batch_size, pipeline)
+
+
+def batched_arrays(arrays, batch_size, pipeline="tf.data"):
+    """A tuple of arrays with the same first axis, in consecutive batches of
+    `batch_size` rows (the last may be smaller), through `pipeline`."""
+    rows = len(arrays[0])
+    if check_pipeline(pipeline) == "arrays":
+        def batch(i):
+            return tuple(a[i * batch_size : (i + 1) * batch_size] for a in arrays)
+
+        return array_batches(batch, -(-rows // batch_size))
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices(tuple(arrays)).batch(batch_size)
     return without_autotuning(dataset)
+
+
+# The pipelines: tf.data, or numpy arrays through `keras.utils.PyDataset`.
+
+PIPELINES = ("tf.data", "arrays")
+
+
+def tensorflow_installed():
+    """Whether `import tensorflow` succeeds here."""
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_pipeline(pipeline):
+    """`pipeline` if it is one of `PIPELINES` that can run here."""
+    if pipeline not in PIPELINES:
+        raise ValueError(f"`pipeline` must be one of {PIPELINES}. Received: pipeline={pipeline!r}")
+    return pipeline
+
+
+def choose_pipeline(requested=None):
+    """The data pipeline of a run: `requested` (`--pipeline`), or by
+    default `tf.data` where TensorFlow is installed and the arrays
+    (`keras.utils.PyDataset`) where it is not."""
+    if requested is None:
+        return "tf.data" if tensorflow_installed() else "arrays"
+    check_pipeline(requested)
+    if requested == "tf.data" and not tensorflow_installed():
+        raise ValueError(
+            "The tf.data pipeline needs TensorFlow, which does not import here; "
+            "`--pipeline arrays` needs only numpy. Received: pipeline='tf.data'"
+        )
+    return requested
+
+
+def numpy_batches(dataset):
+    """The batches of a finite dataset of either pipeline, as numpy."""
+    if hasattr(dataset, "as_numpy_iterator"):
+        yield from dataset.as_numpy_iterator()
+        return
+    for index in range(dataset.num_batches):
+        yield dataset[index]
+
+
+def array_batches(batch, num_batches):
+    """A `keras.utils.PyDataset` whose item `i` is `batch(i)` (numpy
+    arrays), `num_batches` long (None: endless). Read in order, in the
+    calling thread: the examples' batches take far less time than a step."""
+    import keras
+
+    class _array_batches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=1, use_multiprocessing=False, max_queue_size=10)
+
+        @property
+        def num_batches(self):
+            return num_batches
+
+        def __getitem__(self, index):
+            if num_batches is not None and not 0 <= index < num_batches:
+                raise IndexError(f"batch {index} of {num_batches}")
+            return batch(index)
+
+    return _array_batches()
+
+
+# Prepared data: lists of id lists as plain files.
+
+
+def save_id_lists(path, named):
+    """Writes `named`, a dict of names to lists of id lists (the token ids
+    of each text), to the `.npz` file `path`: per name the ids end to end
+    (`NAME_ids`, int32) and where each list starts (`NAME_offsets`)."""
+    arrays = {}
+    for name, lists in named.items():
+        arrays[f"{name}_ids"] = np.array([i for ids in lists for i in ids], "int32")
+        arrays[f"{name}_offsets"] = np.cumsum([0] + [len(ids) for ids in lists])
+    np.savez_compressed(path, **arrays)
+
+
+def load_id_lists(path):
+    """What `save_id_lists` wrote to `path`: a dict of names to lists of id
+    lists."""
+    arrays = np.load(path)
+    names = [key[: -len("_ids")] for key in arrays.files if key.endswith("_ids")]
+    named = {}
+    for name in names:
+        flat, offsets = arrays[f"{name}_ids"], arrays[f"{name}_offsets"]
+        named[name] = [flat[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    return named
+
+
+def check_prepared(directory, names):
+    """`directory` as a `pathlib.Path` if it holds the files `names`, else
+    a `ValueError` naming the missing ones."""
+    directory = pathlib.Path(directory)
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise ValueError(
+            f"`--data` must be a folder that `--prepare` wrote; {missing} missing. "
+            f"Received: data={str(directory)!r}"
+        )
+    return directory
+
+
+def check_prepared_settings(settings, expected, directory):
+    """Raises a `ValueError` naming the first option whose value in the
+    prepared `settings` differs from the run's `expected` (JSON values)."""
+    expected = json.loads(json.dumps(expected))  # tuples as lists
+    for name, value in expected.items():
+        if settings.get(name) != value:
+            raise ValueError(
+                f"The data in {directory} was prepared with {name}={settings.get(name)!r}; "
+                f"this run has {name}={value!r}. Prepare it again with this run's options. "
+                f"Received: data={str(directory)!r}"
+            )
+
+
+def require_tensorflow_or_prepared(prepared):
+    """Refuses a run that would tokenize (KerasHub's WordPiece needs
+    TensorFlow) where TensorFlow does not import and no `--data` is given."""
+    if prepared is None and not tensorflow_installed():
+        raise ValueError(
+            "Without TensorFlow (KerasHub's WordPiece needs it), training reads data "
+            "that `--prepare DIR` wrote where TensorFlow is installed: pass `--data DIR`. "
+            "Received: data=None"
+        )
+
+
+def add_prepare_options(parser):
+    """`--prepare DIR` and `--data DIR`, for an example that tokenizes with
+    KerasHub's WordPiece."""
+    parser.add_argument(
+        "--prepare", metavar="DIR",
+        help="write the splits, vocabularies and token ids into DIR and stop "
+        "(needs TensorFlow and tensorflow-text, for KerasHub's WordPiece)",
+    )
+    parser.add_argument(
+        "--data", metavar="DIR",
+        help="train on the data --prepare wrote into DIR (no TensorFlow needed)",
+    )
 
 
 # Progress.
@@ -427,6 +615,11 @@ def training_parser(description, output_dir, source_help="corpus path or URL (de
         help="bfloat16 (the default when given alone) or float16 with loss scaling",
     )
     parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    parser.add_argument(
+        "--pipeline", choices=PIPELINES,
+        help="tf.data (the default where TensorFlow is installed) or arrays "
+        "(numpy batches through keras.utils.PyDataset, no TensorFlow)",
+    )
     parser.add_argument(
         "--distribute", choices=("data", "model"),
         help="data or model parallel over every device (examples/distribute.py)",

@@ -247,7 +247,7 @@ def run_script(path, *args, env=None):
     """Runs the script `path` with `args` in a subprocess from the repository
     root, on the current backend; asserts that it succeeds and returns its
     stdout lines."""
-    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **(env or {}))
+    env = {**os.environ, "KERAS_BACKEND": keras.backend.backend(), **(env or {})}
     result = subprocess.run(
         [sys.executable, str(path), *args],
         cwd=ROOT,
@@ -260,10 +260,27 @@ def run_script(path, *args, env=None):
     return result.stdout.strip().splitlines()
 
 
-def run_refused(path, *args):
+def without_tensorflow(tmp_path):
+    """The environment of a process in which `import tensorflow` fails (a
+    package of that name first on `PYTHONPATH` that raises ImportError), as
+    on a machine without TensorFlow. On the TensorFlow backend, which needs
+    it, the process runs JAX instead."""
+    stub = tmp_path / "no_tensorflow" / "tensorflow"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        'raise ImportError("TensorFlow is absent from this test\'s process")\n'
+    )
+    path = os.pathsep.join(filter(None, [str(stub.parent), os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path}
+    if keras.backend.backend() == "tensorflow":
+        env["KERAS_BACKEND"] = "jax"
+    return env
+
+
+def run_refused(path, *args, env=None):
     """Runs the script `path` with `args` as `run_script` does; asserts that
     it fails and returns its stderr (the message to check)."""
-    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    env = {**os.environ, "KERAS_BACKEND": keras.backend.backend(), **(env or {})}
     result = subprocess.run(
         [sys.executable, str(path), *args], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=600,

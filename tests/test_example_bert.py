@@ -206,7 +206,7 @@ def test_masks_follow_keras_hub_generator_rules(data):
     other = data.mask_tokens(token_ids, [7, 2], vocabulary_size, most)
     for name in ours:
         np.testing.assert_array_equal(ours[name], again[name])
-    assert (ours["mask_positions"].numpy() != other["mask_positions"].numpy()).any()
+    assert (ours["mask_positions"] != other["mask_positions"]).any()
     generator = keras_hub.layers.MaskedLMMaskGenerator(
         vocabulary_size=vocabulary_size, mask_selection_rate=0.15, mask_token_id=data.MASK_ID,
         mask_selection_length=most, unselectable_token_ids=[data.PAD_ID, data.CLS_ID, data.SEP_ID],
@@ -236,8 +236,8 @@ def test_masks_follow_keras_hub_generator_rules(data):
     np.testing.assert_allclose(shares[0], shares[1], atol=0.06)
     np.testing.assert_allclose(shares[0], [0.8, 0.1 + 0.1 / vocabulary_size], atol=0.06)
     # Positions sorted within a row, padding (weight 0) after the real ones.
-    positions = ours["mask_positions"].numpy()
-    weights = ours["mask_weights"].numpy() > 0
+    positions = ours["mask_positions"]
+    weights = ours["mask_weights"] > 0
     assert (np.diff(np.where(weights, positions, length), axis=1) >= 0).all()
     assert not positions[~weights].any()
 
@@ -262,6 +262,55 @@ def test_training_stream_resumes_at_the_same_batches(data, vocabulary):
     # Each pass is in another order.
     unmasked = [_unmasked(*b) for b in first]
     assert any((a != b).any() for a, b in zip(unmasked[:2], unmasked[per_pass: per_pass + 2]))
+
+
+def _assert_same_batches(expected, got):
+    assert len(got) == len(expected) > 1
+    for (x, labels, weights), (y, their_labels, their_weights) in zip(expected, got):
+        assert sorted(x) == sorted(y)
+        for a, b in [*((x[k], y[k]) for k in sorted(x)), (labels, their_labels),
+                     (weights, their_weights)]:
+            a, b = np.asarray(a), np.asarray(b)
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("start_step", [0, 3])
+def test_array_pipeline_gives_the_tf_data_batches(data, vocabulary, start_step):
+    verses = [data.Verse(f"1:1:{i}", 1 + i // 5, text) for i, text in enumerate(TEXTS * 3)]
+    pairs = data.sentence_pairs(verses)
+    firsts, seconds = data.sentence_pair_ids(verses, vocabulary.encode_texts(TEXTS * 3))
+    assert firsts == vocabulary.encode_texts([a for a, _ in pairs])
+    assert seconds == vocabulary.encode_texts([b for _, b in pairs])
+    # Length 12 cuts most pairs, round robin.
+    for length, batch in ((12, 4), (24, 3)):
+        args = (length, batch, 5, 9)
+        count = 2 * (len(pairs) // batch) + 1  # across passes
+        stream = data.pair_batches(pairs, vocabulary, *args, start_step=start_step)
+        arrays = data.pair_arrays(firsts, seconds, vocabulary.size, *args,
+                                  start_step=start_step, num_batches=count)
+        _assert_same_batches(list(stream.take(count).as_numpy_iterator()),
+                             [arrays[i] for i in range(count)])
+        once = data.pair_batches(pairs, vocabulary, *args, shuffle=False)
+        arrays = data.pair_arrays(firsts, seconds, vocabulary.size, *args, shuffle=False)
+        _assert_same_batches(list(once.as_numpy_iterator()),
+                             [arrays[i] for i in range(arrays.num_batches)])
+
+
+def test_prepared_data_round_trips_without_wordpiece(data, vocabulary, tmp_path):
+    verses = [data.Verse(f"1:1:{i}", 1, text) for i, text in enumerate(TEXTS)]
+    splits = {"train": verses[:3], "validation": verses[3:4], "test": verses[4:]}
+    data.save_prepared(tmp_path, splits, vocabulary, {"vocabulary_size": 100})
+    loaded, prepared, ids, settings = data.load_prepared(tmp_path)
+    assert loaded == splits and settings == {"vocabulary_size": 100}
+    assert prepared._tokenizer is None
+    for name, split in splits.items():
+        texts = [v.text for v in split]
+        assert ids[name] == vocabulary.encode_texts(texts) == prepared.encode_texts(texts)
+    np.testing.assert_array_equal(prepared.counts(TEXTS), vocabulary.counts(TEXTS))
+    assert prepared._tokenizer is None  # known texts need no WordPiece
+    with pytest.raises(ValueError, match=r"`--data` must be a folder .*data='"):
+        data.load_prepared(tmp_path / "missing")
 
 
 def test_testament_batches(data, vocabulary):
@@ -308,6 +357,24 @@ def test_evaluate_counts_every_real_mask_and_its_baselines(train, data, vocabula
 
 
 # The script.
+
+
+@pytest.mark.long_run
+def test_tiny_run_on_prepared_data_without_tensorflow(tmp_path):
+    prepared = tmp_path / "data"
+    lines = harness.run_script(EXAMPLE / "train.py", "--tiny", "--prepare", str(prepared))
+    assert lines[-1] == f"data prepared in {prepared}"
+    env = harness.without_tensorflow(tmp_path)
+    args = ("--tiny", "--pretrain-only", "--output-dir", str(tmp_path / "run"))
+    lines = harness.run_script(EXAMPLE / "train.py", *args, "--data", str(prepared), env=env)
+    assert any(line.endswith("test (arrays)") for line in lines)
+    assert re.search(r"step 3: loss \S+, accuracy \S+, val_loss \S+", "\n".join(lines))
+    assert 0.0 <= float(harness.last_line_value(lines, "masked_accuracy")) <= 1.0
+    assert "pass `--data DIR`" in harness.run_refused(EXAMPLE / "train.py", *args, env=env)
+    refused = harness.run_refused(
+        EXAMPLE / "train.py", "--tiny", "--data", str(prepared), env=env,
+    )
+    assert "only `--pretrain-only` runs" in refused
 
 
 @pytest.mark.long_run

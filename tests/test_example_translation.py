@@ -327,6 +327,65 @@ def test_training_stream_is_a_function_of_the_step(data, tokenizer):
     )
 
 
+def _as_numpy(batch):
+    inputs, labels, weights = batch
+    return (
+        {k: np.asarray(v) for k, v in sorted(inputs.items())}, np.asarray(labels),
+        np.asarray(weights),
+    )
+
+
+def _assert_same_batches(expected, got):
+    assert len(got) == len(expected) > 1
+    for want, have in zip(expected, got):
+        want, have = _as_numpy(want), _as_numpy(have)
+        assert list(want[0]) == list(have[0]) == ["decoder_token_ids", "encoder_token_ids"]
+        for a, b in zip([*want[0].values(), *want[1:]], [*have[0].values(), *have[1:]]):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("start_step", [0, 4])
+def test_array_pipeline_gives_the_tf_data_batches(data, tokenizer, start_step):
+    pairs = [data.Pair(str(i), 1, s, t) for i, (s, t) in enumerate(SENTENCES * 6)]
+    sources = tokenizer.encode_source([p.source for p in pairs])
+    targets = tokenizer.encode_target([p.target for p in pairs])
+    stream, per_epoch = data.train_batches(pairs, tokenizer, 24, 64, seed=3,
+                                           start_step=start_step)
+    count = 2 * per_epoch + 1  # across data epochs
+    arrays, arrays_per_epoch = data.train_arrays(
+        sources, targets, 24, 64, seed=3, start_step=start_step, num_batches=count
+    )
+    assert arrays_per_epoch == per_epoch and arrays.num_batches == count
+    _assert_same_batches(
+        list(stream.take(count).as_numpy_iterator()), [arrays[i] for i in range(count)]
+    )
+    # The evaluation pass, partial buckets included.
+    evaluation = data.eval_arrays(sources, targets, 24, 64)
+    _assert_same_batches(
+        list(data.eval_batches(pairs, tokenizer, 24, 64).as_numpy_iterator()),
+        [evaluation[i] for i in range(evaluation.num_batches)],
+    )
+
+
+def test_prepared_data_round_trips_without_wordpiece(data, tokenizer, tmp_path):
+    pairs = [data.Pair(f"1:1:{i}", 1, s, t) for i, (s, t) in enumerate(SENTENCES)]
+    splits = {"train": pairs[:2], "validation": pairs[2:3], "test": pairs[3:]}
+    data.save_prepared(tmp_path, splits, tokenizer, {"max_words": 20})
+    loaded, prepared, ids, settings = data.load_prepared(tmp_path)
+    assert loaded == splits and settings == {"max_words": 20}
+    assert prepared._wordpiece is None
+    for name, split in splits.items():
+        expected = tokenizer.encode_source([p.source for p in split])
+        assert ids[name][0] == expected
+        assert ids[name][1] == tokenizer.encode_target([p.target for p in split])
+        # Known texts encode without making KerasHub's WordPiece.
+        assert prepared.encode_source([p.source for p in split]) == expected
+    assert prepared._wordpiece is None
+    with pytest.raises(ValueError, match=r"`--data` must be a folder .*data='"):
+        data.load_prepared(tmp_path / "missing")
+
+
 def test_source_batches_sort_by_length_and_pad(data, tokenizer):
     texts = [s for s, _ in SENTENCES] + ["Who are you?"]
     batches = data.source_batches(texts, tokenizer, max_length=16, batch_size=2)
@@ -389,6 +448,26 @@ def test_scripts_reject_an_unknown_backend_before_importing_keras(script):
     )
     assert result.returncode != 0
     assert "`--backend` must be one of tensorflow, jax, torch." in result.stderr
+
+
+@pytest.mark.long_run
+def test_tiny_run_on_prepared_data_without_tensorflow(tmp_path):
+    prepared = tmp_path / "data"
+    lines = _run("train.py", "--tiny", "--prepare", str(prepared))
+    assert lines[-1] == f"data prepared in {prepared}"
+    env = harness.without_tensorflow(tmp_path)
+    args = ("--tiny", "--output-dir", str(tmp_path / "run"))
+    lines = harness.run_script(EXAMPLE / "train.py", *args, "--data", str(prepared), env=env)
+    assert any(line.endswith("training batches per pass (arrays)") for line in lines)
+    assert any(re.match(r"step 3: loss \S+, accuracy \S+, val_loss", line) for line in lines)
+    harness.last_line_value(lines, "bleu")
+    # Without the prepared data it says what to do; another option is refused.
+    assert "pass `--data DIR`" in harness.run_refused(EXAMPLE / "train.py", *args, env=env)
+    refused = harness.run_refused(
+        EXAMPLE / "train.py", *args, "--fresh", "--data", str(prepared), "--source",
+        str(tmp_path / "other.tsv"), env=env,
+    )
+    assert "prepared with source=None" in refused
 
 
 @pytest.mark.long_run

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -266,6 +267,80 @@ def test_consecutive_windows_cover_the_ids_in_order(common, length):
     limited = list(common.consecutive_windows(ids, 10, 4, max_windows=3))
     assert sum(x.shape[0] for x, _ in limited) == 3
     np.testing.assert_array_equal(np.asarray(limited[0][0]).reshape(-1), ids[:30])
+
+
+# The two pipelines.
+
+
+def _batches(dataset, count=None):
+    """The first `count` batches (all with None) of either pipeline, as numpy."""
+    if hasattr(dataset, "as_numpy_iterator"):
+        iterator = dataset.as_numpy_iterator()
+    else:
+        iterator = (dataset[i] for i in range(dataset.num_batches or 2**62))
+    batches = []
+    for batch in iterator:
+        batches.append(tuple(np.asarray(part) for part in batch))
+        if count is not None and len(batches) == count:
+            break
+    return batches
+
+
+@pytest.mark.parametrize("start_step", [0, 5])
+def test_array_pipeline_gives_the_tf_data_batches(common, start_step):
+    ids = np.random.default_rng(0).integers(0, 65, 700).astype("int32")
+    made = {
+        pipeline: (
+            common.train_batches(ids, 12, 4, seed=3, start_step=start_step, pipeline=pipeline,
+                                 num_batches=7),
+            common.consecutive_windows(ids, 12, 5, max_windows=23, pipeline=pipeline),
+            common.batched_arrays((ids[:30].reshape(10, 3), ids[30:40]), 4, pipeline),
+        )
+        for pipeline in ("tf.data", "arrays")
+    }
+    counts = (7, None, None)
+    for tf_data, arrays, count in zip(made["tf.data"], made["arrays"], counts):
+        expected, got = _batches(tf_data, count), _batches(arrays, count)
+        assert len(got) == len(expected) > 1
+        for want, have in zip(expected, got):
+            for a, b in zip(want, have):
+                assert a.dtype == b.dtype and a.shape == b.shape
+                np.testing.assert_array_equal(a, b)
+    # The windows of batch k are drawn from (seed, k): independent of where
+    # the pipeline started.
+    k = start_step + 2
+    starts = np.random.default_rng((3, k)).integers(0, len(ids) - 12, 4)
+    inputs, targets = _batches(made["arrays"][0], 3)[2]
+    np.testing.assert_array_equal(inputs, ids[starts[:, None] + np.arange(12)])
+    np.testing.assert_array_equal(targets, ids[starts[:, None] + np.arange(1, 13)])
+
+
+def test_array_pipeline_trains_a_model_in_order(common):
+    seen = []
+
+    def batch(i):
+        seen.append(i)
+        return np.full((2, 3), float(i), "float32"), np.zeros((2, 1), "float32")
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(common.array_batches(batch, 6), epochs=3, steps_per_epoch=2, shuffle=False,
+              verbose=0)
+    # Every batch once, in order, across the epochs (a first read of batch 0
+    # may come first, for its shapes).
+    assert sorted(set(seen)) == list(range(6))
+    assert [i for n, i in enumerate(seen) if i not in seen[n + 1:]] == list(range(6))
+
+
+def test_choose_pipeline(common, monkeypatch):
+    assert common.choose_pipeline() == "tf.data"  # TensorFlow is installed here
+    assert common.choose_pipeline("arrays") == "arrays"
+    with pytest.raises(ValueError, match=r"`pipeline` must be one of .*pipeline='grain'"):
+        common.choose_pipeline("grain")
+    monkeypatch.setattr(common, "tensorflow_installed", lambda: False)
+    assert common.choose_pipeline() == "arrays"
+    with pytest.raises(ValueError, match=r"needs TensorFlow.*pipeline='tf.data'"):
+        common.choose_pipeline("tf.data")
 
 
 # Checkpoints and progress.

@@ -66,6 +66,53 @@ def step_seconds(model, x, y, sample_weight=None, steps=20, warmup=3):
     return statistics.median(times)
 
 
+def translation_batch(config):
+    """A full-length batch of the translation preset `config` on random ids:
+    `(x, labels, weights, tokens)`, `tokens` the target positions."""
+    import numpy as np
+
+    length = config.max_length
+    rows = max(config.batch_tokens // length, 1)
+    ids = np.random.default_rng(0).integers(4, 100, (rows, length + 1)).astype("int32")
+    x = {"encoder_token_ids": ids[:, 1:], "decoder_token_ids": ids[:, :-1]}
+    return x, ids[:, 1:], np.ones((rows, length), "float32"), rows * length
+
+
+def translation_flops(model, config):
+    """The FLOPs of a training step on `translation_batch(config)`: `6 N` per
+    target position, and `12 D` per score of every attention (encoder self,
+    decoder self and cross)."""
+    length = config.max_length
+    rows = max(config.batch_tokens // length, 1)
+    blocks = config.num_encoder_layers * length**2 + config.num_decoder_layers * 2 * length**2
+    return 6 * model.count_params() * rows * length + 12 * config.hidden_dim * blocks * rows
+
+
+def bert_batch(model, config):
+    """A full batch of the BERT preset `config` on random ids: `(x,
+    mask_ids, mask_weights, tokens)`."""
+    import numpy as np
+
+    rows, length, masks = config.batch_size, config.sequence_length, config.mask_selection_length
+    rng = np.random.default_rng(0)
+    x = {
+        "token_ids": rng.integers(5, model.vocabulary_size, (rows, length)).astype("int32"),
+        "segment_ids": np.repeat([[0] * (length // 2) + [1] * (length - length // 2)], rows, 0),
+        "padding_mask": np.ones((rows, length), bool),
+        "mask_positions": np.sort(rng.permuted(np.tile(np.arange(length), (rows, 1)), axis=1)
+                                  [:, :masks], axis=1).astype("int32"),
+    }
+    y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
+    return x, y, np.ones((rows, masks), "float32"), rows * length
+
+
+def bert_flops_per_token(model, config):
+    """`6 N + 12 L D T`, as nanoGPT counts a token."""
+    return 6 * model.count_params() + 12 * (
+        config.num_layers * config.hidden_dim * config.sequence_length
+    )
+
+
 def attention_kernels(model, x):
     """A line naming the kernels the attention layers of `model` take on `x`."""
     import keras

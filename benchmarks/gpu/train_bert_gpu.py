@@ -23,8 +23,6 @@ times the training step on a batch of the preset's shape and prints
 import pathlib
 import sys
 
-import numpy as np
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _measure  # noqa: E402
 
@@ -37,23 +35,12 @@ def main():
     )
     model, config = result["model"], result["config"]
 
-    rows, length, masks = config.batch_size, config.sequence_length, config.mask_selection_length
-    rng = np.random.default_rng(0)
-    x = {
-        "token_ids": rng.integers(5, model.vocabulary_size, (rows, length)).astype("int32"),
-        "segment_ids": np.repeat([[0] * (length // 2) + [1] * (length - length // 2)], rows, 0),
-        "padding_mask": np.ones((rows, length), bool),
-        "mask_positions": np.sort(rng.permuted(np.tile(np.arange(length), (rows, 1)), axis=1)
-                                  [:, :masks], axis=1).astype("int32"),
-    }
-    y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
-    seconds = _measure.step_seconds(model, x, y, np.ones((rows, masks), "float32"))
-    flops_per_token = 6 * model.count_params() + 12 * (
-        config.num_layers * config.hidden_dim * length
-    )
+    x, y, weights, tokens = _measure.bert_batch(model, config)
+    seconds = _measure.step_seconds(model, x, y, weights)
+    flops_per_token = _measure.bert_flops_per_token(model, config)
     print(f"backend: {args.backend}, steps: {config.steps}")
     print(_measure.attention_kernels(model, x))
-    for line in _measure.report(rows * length / seconds, flops_per_token, args.peak_tflops):
+    for line in _measure.report(tokens / seconds, flops_per_token, args.peak_tflops):
         print(line)
     print(f"training: {result['train_seconds']:.0f} s")
     print(f"perplexity: {result['perplexity']:.2f}")

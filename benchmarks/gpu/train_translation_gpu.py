@@ -25,8 +25,6 @@ preset's largest shape and prints
 import pathlib
 import sys
 
-import numpy as np
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _measure  # noqa: E402
 
@@ -39,17 +37,12 @@ def main():
     )
     model, config = result["model"], result["config"]
 
-    length = config.max_length
-    rows = max(config.batch_tokens // length, 1)
-    ids = np.random.default_rng(0).integers(4, 100, (rows, length + 1)).astype("int32")
-    x = {"encoder_token_ids": ids[:, 1:], "decoder_token_ids": ids[:, :-1]}
-    seconds = _measure.step_seconds(model, x, ids[:, 1:], np.ones((rows, length), "float32"))
-    blocks = config.num_encoder_layers * length**2 + config.num_decoder_layers * 2 * length**2
-    flops = 6 * model.count_params() * rows * length + 12 * config.hidden_dim * blocks * rows
+    x, y, weights, tokens = _measure.translation_batch(config)
+    seconds = _measure.step_seconds(model, x, y, weights)
+    flops = _measure.translation_flops(model, config)
     print(f"backend: {args.backend}, steps: {config.steps}")
     print(_measure.attention_kernels(model, x))
-    for line in _measure.report(rows * length / seconds, flops / (rows * length),
-                                args.peak_tflops):
+    for line in _measure.report(tokens / seconds, flops / tokens, args.peak_tflops):
         print(line)
     print(f"training: {result['train_seconds']:.0f} s")
     print(f"greedy bleu: {result['greedy']['bleu']:.2f}")

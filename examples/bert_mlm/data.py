@@ -153,17 +153,39 @@ class Vocabulary:
     `[SEP]` 3, `[MASK]` 4)."""
 
     def __init__(self, tokens):
-        import keras_hub
-
         self.tokens = list(tokens)
         if tuple(self.tokens[: len(RESERVED_TOKENS)]) != RESERVED_TOKENS:
             raise ValueError(
                 f"`tokens` must start with {list(RESERVED_TOKENS)}. Received: "
                 f"{self.tokens[: len(RESERVED_TOKENS)]}"
             )
-        self.tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=self.tokens, lowercase=True, oov_token="[UNK]", dtype="int32"
-        )
+        # Ids of texts tokenized before (`remember`): prepared data, read
+        # where KerasHub's WordPiece (and so TensorFlow) is absent.
+        self.known = {}
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        """KerasHub's WordPiece tokenizer, made on first use (it needs
+        TensorFlow and tensorflow-text)."""
+        if self._tokenizer is None:
+            import keras_hub
+
+            self._tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+                vocabulary=self.tokens, lowercase=True, oov_token="[UNK]", dtype="int32"
+            )
+        return self._tokenizer
+
+    def remember(self, texts, ids):
+        """Records the ids of `texts`, so that encoding them needs no WordPiece."""
+        self.known.update(zip(texts, (list(map(int, x)) for x in ids)))
+
+    def encode_texts(self, texts):
+        """The ids of each of `texts`, lists."""
+        texts = list(texts)
+        if all(text in self.known for text in texts):
+            return [list(self.known[text]) for text in texts]
+        return [list(map(int, ids)) for ids in self.tokenizer.tokenize(texts)]
 
     @classmethod
     def fit(cls, texts, size):
@@ -197,8 +219,8 @@ class Vocabulary:
     def counts(self, texts):
         """How often each id occurs in `texts` (an int64 array of `size`)."""
         counts = np.zeros(self.size, "int64")
-        for ids in self.tokenizer.tokenize(list(texts)):
-            np.add.at(counts, np.asarray(ids), 1)
+        for ids in self.encode_texts(texts):
+            np.add.at(counts, np.asarray(ids, "int64"), 1)
         return counts
 
     def save(self, directory):
@@ -225,6 +247,55 @@ def sentence_pairs(verses):
     ]
 
 
+def sentence_pair_ids(verses, ids):
+    """The ids of `sentence_pairs(verses)`, `(firsts, seconds)`, from the ids
+    of each verse."""
+    kept = [(x, y) for a, b, x, y in zip(verses, verses[1:], ids, ids[1:]) if a.book == b.book]
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
+PREPARED_SPLITS = ("train", "validation", "test")
+
+
+def save_prepared(directory, splits, vocabulary, settings):
+    """Writes what training needs into `directory`: `vocabulary.txt`,
+    `verses.json.gz` (the verses of each split), `ids.npz` (the ids of every
+    verse, `common.save_id_lists`) and `settings.json` (the options that
+    made them)."""
+    import json
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocabulary.save(directory)
+    common.save_id_lists(directory / "ids.npz", {
+        name: vocabulary.encode_texts([v.text for v in splits[name]])
+        for name in PREPARED_SPLITS
+    })
+    verses = {name: [list(v) for v in splits[name]] for name in PREPARED_SPLITS}
+    with gzip.open(directory / "verses.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(verses, f, ensure_ascii=False)
+    (directory / "settings.json").write_text(json.dumps(settings, sort_keys=True))
+
+
+def load_prepared(directory):
+    """What `save_prepared` wrote: `(splits, vocabulary, ids, settings)`, the
+    verses' ids remembered by the vocabulary."""
+    import json
+
+    directory = common.check_prepared(
+        directory, ("ids.npz", "verses.json.gz", "settings.json", "vocabulary.txt")
+    )
+    vocabulary = Vocabulary.load(directory)
+    ids = common.load_id_lists(directory / "ids.npz")
+    with gzip.open(directory / "verses.json.gz", "rt", encoding="utf-8") as f:
+        verses = json.load(f)
+    splits = {name: [Verse(*v) for v in verses[name]] for name in PREPARED_SPLITS}
+    for name in PREPARED_SPLITS:
+        vocabulary.remember([v.text for v in splits[name]], ids[name])
+    settings = json.loads((directory / "settings.json").read_text())
+    return splits, vocabulary, ids, settings
+
+
 def _packer(sequence_length):
     import keras_hub
 
@@ -246,61 +317,133 @@ def mask_tokens(token_ids, seed, vocabulary_size, mask_selection_length,
     vocabulary, the rest stay. KerasHub's generator draws from TensorFlow's
     stateful random ops inside a parallel `map_fn`, so its masks differ from
     run to run and a resumed run could not see the batches the uninterrupted
-    run saw; these are drawn with stateless ops from `seed`, a pair of
-    integers.
+    run saw; these are drawn by numpy's generator seeded with `seed`, in
+    numpy, so that both pipelines mask alike.
 
     Args:
-        token_ids: int `(B, L)`.
-        seed: int `(2,)`.
+        token_ids: int `(B, L)` numpy array.
+        seed: a pair of integers.
 
     Returns:
-        The generator's dict: `token_ids` (masked), `mask_positions` (sorted,
-        padded with 0), `mask_ids` (the original tokens, padded with 0) and
-        `mask_weights` (1.0 for a real mask, 0.0 for padding), the last three
-        `(B, mask_selection_length)`.
+        The generator's dict of numpy arrays: `token_ids` (masked),
+        `mask_positions` (sorted, padded with 0), `mask_ids` (the original
+        tokens, padded with 0) and `mask_weights` (1.0 for a real mask, 0.0
+        for padding), the last three `(B, mask_selection_length)`.
     """
-    import tensorflow as tf
-
-    token_ids = tf.cast(token_ids, "int32")
-    length = tf.shape(token_ids)[1]
-    select_seed, kind_seed, token_seed = tf.unstack(
-        tf.random.experimental.stateless_split(tf.cast(seed, "int64"), 3)
-    )
-    selectable = tf.reduce_all(
-        token_ids[..., None] != tf.constant([PAD_ID, CLS_ID, SEP_ID], "int32"), axis=-1
-    )
-    count = tf.math.ceil(
-        tf.reduce_sum(tf.cast(selectable, "float32"), axis=1) * mask_selection_rate
-    )
-    count = tf.cast(tf.minimum(count, mask_selection_length), "int32")
+    token_ids = np.asarray(token_ids, "int32")
+    batch, length = token_ids.shape
+    # Evaluation batches count down from -1: numpy's seeds are unsigned.
+    rng = np.random.default_rng([int(x) % 2**64 for x in np.asarray(seed).reshape(-1)])
+    selectable = ~np.isin(token_ids, (PAD_ID, CLS_ID, SEP_ID))  # (B, L)
+    count = np.ceil(selectable.sum(axis=1) * mask_selection_rate).astype("int64")
+    count = np.minimum(count, mask_selection_length)  # (B,)
     # A random order of the selectable positions (the others sort last);
     # the first `count` of each row are chosen, then sorted.
-    keys = tf.where(selectable, tf.random.stateless_uniform(tf.shape(token_ids), select_seed), 2.0)
-    order = tf.argsort(keys, axis=1, stable=True)[:, :mask_selection_length]
-    chosen = tf.range(tf.shape(order)[1])[None, :] < count[:, None]
-    positions = tf.sort(tf.where(chosen, order, length), axis=1)
+    keys = np.where(selectable, rng.random((batch, length)), 2.0)
+    order = np.argsort(keys, axis=1, kind="stable")[:, :mask_selection_length]  # (B, M)
+    chosen = np.arange(order.shape[1])[None, :] < count[:, None]
+    positions = np.sort(np.where(chosen, order, length), axis=1)
     weights = positions < length
-    positions = tf.where(weights, positions, 0)
-    mask_ids = tf.where(weights, tf.gather(token_ids, positions, batch_dims=1), 0)
-    draw = tf.random.stateless_uniform(tf.shape(positions), kind_seed)
-    random_ids = tf.random.stateless_uniform(
-        tf.shape(positions), token_seed, minval=0, maxval=vocabulary_size, dtype="int32"
-    )
-    replacement = tf.where(
+    positions = np.where(weights, positions, 0)
+    mask_ids = np.where(weights, np.take_along_axis(token_ids, positions, axis=1), 0)
+    draw = rng.random(positions.shape)
+    random_ids = rng.integers(0, vocabulary_size, positions.shape)
+    replacement = np.where(
         draw < mask_token_rate,
         MASK_ID,
-        tf.where(draw < mask_token_rate + random_token_rate, random_ids, mask_ids),
+        np.where(draw < mask_token_rate + random_token_rate, random_ids, mask_ids),
     )
-    # Write the replacements at the chosen positions (the padding writes nowhere).
-    hits = tf.one_hot(tf.where(weights, positions, length), length, dtype="int32")  # (B, M, L)
-    written = tf.reduce_max(hits, axis=1) > 0
-    values = tf.reduce_sum(hits * replacement[..., None], axis=1)
+    masked = token_ids.copy()
+    rows = np.nonzero(weights)
+    masked[rows[0], positions[rows]] = replacement[rows]
+    if positions.shape[1] < mask_selection_length:  # fewer tokens than masks
+        pad = ((0, 0), (0, mask_selection_length - positions.shape[1]))
+        positions, mask_ids, weights = (np.pad(a, pad) for a in (positions, mask_ids, weights))
     return {
-        "token_ids": tf.where(written, values, token_ids),
-        "mask_positions": positions,
-        "mask_ids": mask_ids,
-        "mask_weights": tf.cast(weights, "float32"),
+        "token_ids": masked,
+        "mask_positions": positions.astype("int32"),
+        "mask_ids": mask_ids.astype("int32"),
+        "mask_weights": weights.astype("float32"),
     }
+
+
+def pack(first, second, sequence_length):
+    """`[CLS] a [SEP] b [SEP]` padded with `[PAD]` to `sequence_length`, and
+    the segment ids (0 to the first `[SEP]`, 1 after), for lists of id
+    lists: numpy `(B, L)` arrays as KerasHub's `MultiSegmentPacker` makes
+    them, the segments cut round robin (one token each in turn, the first
+    segment first) to fit."""
+    budget = sequence_length - 3
+    token_ids = np.full((len(first), sequence_length), PAD_ID, "int32")
+    segment_ids = np.zeros((len(first), sequence_length), "int32")
+    for row, (a, b) in enumerate(zip(first, second)):
+        keep_a = min(len(a), max(-(-budget // 2), budget - len(b)))
+        keep_b = min(len(b), budget - keep_a)
+        ids = [CLS_ID, *a[:keep_a], SEP_ID, *b[:keep_b], SEP_ID]
+        token_ids[row, : len(ids)] = ids
+        segment_ids[row, keep_a + 2 : len(ids)] = 1
+    return token_ids, segment_ids
+
+
+def pass_order(num_pairs, seed, index):
+    """The order of the pairs in training pass `index`: a permutation drawn
+    by numpy's generator seeded with `(seed, index)`, in both pipelines."""
+    return np.random.default_rng((seed, int(index))).permutation(num_pairs)
+
+
+def masked_batch(token_ids, segment_ids, index, vocabulary_size, mask_selection_length,
+                 seed, mask_selection_rate=0.15):
+    """`(x, mask_ids, mask_weights)` of packed batch number `index`, masked
+    with the seed `(seed, index)`."""
+    masked = mask_tokens(
+        token_ids, (seed, index), vocabulary_size, mask_selection_length, mask_selection_rate
+    )
+    x = {
+        "token_ids": masked["token_ids"],
+        "segment_ids": np.asarray(segment_ids, "int32"),
+        "padding_mask": np.asarray(token_ids) != PAD_ID,
+        "mask_positions": masked["mask_positions"],
+    }
+    return x, masked["mask_ids"], masked["mask_weights"]
+
+
+def _pass_batches(num_pairs, batch_size):
+    per_pass = num_pairs // batch_size
+    if per_pass == 0:
+        raise ValueError(
+            "The training pairs fill no batch: lower `batch_size`. Received: "
+            f"{num_pairs} pairs, batch_size={batch_size}"
+        )
+    return per_pass
+
+
+def pair_arrays(first_ids, second_ids, vocabulary_size, sequence_length, batch_size,
+                mask_selection_length, seed, shuffle=True, start_step=0,
+                mask_selection_rate=0.15, num_batches=None):
+    """`pair_batches` from token ids (a list of id lists per side), through a
+    `keras.utils.PyDataset`: the same batches in the same order,
+    `num_batches` of them with `shuffle` (the stream is endless)."""
+    def batch(rows, index):
+        token_ids, segment_ids = pack(
+            [first_ids[i] for i in rows], [second_ids[i] for i in rows], sequence_length
+        )
+        return masked_batch(token_ids, segment_ids, index, vocabulary_size,
+                            mask_selection_length, seed, mask_selection_rate)
+
+    if not shuffle:
+        starts = range(0, len(first_ids), batch_size)
+        rows = [range(a, min(a + batch_size, len(first_ids))) for a in starts]
+        batches = [batch(r, -1 - k) for k, r in enumerate(rows)]
+        return common.array_batches(batches.__getitem__, len(batches))
+    per_pass = _pass_batches(len(first_ids), batch_size)
+
+    def training_batch(i):
+        step = start_step + i
+        index, k = divmod(step, per_pass)
+        order = pass_order(len(first_ids), seed, index)
+        return batch(order[k * batch_size : (k + 1) * batch_size], step)
+
+    return common.array_batches(training_batch, num_batches)
 
 
 def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_length,
@@ -308,7 +451,7 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
     """Masked sentence-pair batches, as `BertMaskedLMPreprocessor` makes them.
 
     With `shuffle` (training) the stream is endless: each pass over the
-    pairs is in the order of a stateless permutation of `(seed, pass)` and
+    pairs is in `pass_order(len(pairs), seed, pass)` and
     drops its last partial batch, and batch `k` is masked by `mask_tokens`
     with the seed `(seed, k)`, so the stream made with `start_step=k`
     continues with exactly the batches an uninterrupted run sees from step
@@ -324,30 +467,36 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
     """
     import tensorflow as tf
 
+    # Made here, eagerly: KerasHub's tokenizer holds lookup tables that a
+    # tokenizer first made inside a traced `map` would leave in its graph.
+    tokenizer = vocabulary.tokenizer
     first = tf.constant([a for a, _ in pairs])
     second = tf.constant([b for _, b in pairs])
     packer = _packer(sequence_length)
 
-    def preprocess(index, texts):  # (), ((B,), (B,)) strings
-        token_ids, segment_ids = packer(tuple(vocabulary.tokenizer(t) for t in texts))
-        batch_seed = tf.stack([tf.constant(seed, "int64"), index])
-        masked = mask_tokens(
-            token_ids, batch_seed, vocabulary.size, mask_selection_length,
+    def mask(token_ids, segment_ids, index):  # numpy
+        x, mask_ids, mask_weights = masked_batch(
+            token_ids, segment_ids, index, vocabulary.size, mask_selection_length, seed,
             mask_selection_rate,
         )
-        x = {
-            "token_ids": masked["token_ids"],
-            "segment_ids": segment_ids,
-            "padding_mask": token_ids != PAD_ID,
-            "mask_positions": masked["mask_positions"],
-        }
-        return x, masked["mask_ids"], masked["mask_weights"]
+        return (*x.values(), mask_ids, mask_weights)
+
+    def preprocess(index, texts):  # (), ((B,), (B,)) strings
+        token_ids, segment_ids = packer(tuple(tokenizer(t) for t in texts))
+        values = tf.numpy_function(
+            mask, [token_ids, segment_ids, index],
+            ("int32", "int32", "bool", "int32", "int32", "float32"),
+        )
+        shapes = [(sequence_length,)] * 3 + [(mask_selection_length,)] * 3
+        values = [tf.ensure_shape(v, (None, *shape)) for v, shape in zip(values, shapes)]
+        x = dict(zip(("token_ids", "segment_ids", "padding_mask", "mask_positions"), values))
+        return x, values[4], values[5]
 
     def one_pass(index):
-        keys = tf.random.stateless_uniform(
-            (len(pairs),), seed=tf.stack([tf.constant(seed, "int64"), index])
+        order = tf.numpy_function(
+            lambda i: pass_order(len(pairs), seed, i), [index], tf.int64
         )
-        order = tf.argsort(keys)
+        order = tf.ensure_shape(order, (len(pairs),))
         return tf.data.Dataset.from_tensor_slices(
             (tf.gather(first, order), tf.gather(second, order))
         ).batch(batch_size, drop_remainder=True)
@@ -357,12 +506,7 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
         dataset = tf.data.Dataset.zip(tf.data.Dataset.range(-1, -(2**62), -1), dataset)
         dataset = dataset.map(preprocess).cache().prefetch(tf.data.AUTOTUNE)
         return common.without_autotuning(dataset)
-    per_pass = len(pairs) // batch_size
-    if per_pass == 0:
-        raise ValueError(
-            "The training pairs fill no batch: lower `batch_size`. Received: "
-            f"{len(pairs)} pairs, batch_size={batch_size}"
-        )
+    per_pass = _pass_batches(len(pairs), batch_size)
     first_pass, skip = divmod(start_step, per_pass)
     batches = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(skip)
     return common.without_autotuning(
@@ -378,12 +522,13 @@ def testament_batches(verses, vocabulary, sequence_length, batch_size, seed=None
     of shuffled passes; without, one pass in order."""
     import tensorflow as tf
 
+    tokenizer = vocabulary.tokenizer  # made eagerly, as in `pair_batches`
     texts = tf.constant([v.text for v in verses])
     labels = tf.constant([testament(v) for v in verses], "int32")
     packer = _packer(sequence_length)
 
     def preprocess(text, label):
-        token_ids, segment_ids = packer(vocabulary.tokenizer(text))
+        token_ids, segment_ids = packer(tokenizer(text))
         x = {"token_ids": token_ids, "segment_ids": segment_ids,
              "padding_mask": token_ids != PAD_ID}
         return x, label

@@ -131,49 +131,96 @@ PRESETS = {
 # Data.
 
 
-def make_data(config, start_step=0, vocabulary=None):
-    """The verse splits, the vocabulary and the batches.
+# The options that shape the prepared data (`--prepare`, `--data`).
+DATA_OPTIONS = ("source", "max_train_verses", "max_eval_verses", "vocabulary_size")
 
-    Returns:
-        A dict: `train`, `validation`, `test` (lists of `data.Verse`),
-        `vocabulary` (learned from `train` unless given), `train_batches`
-        (endless, from `start_step`), `validation_batches`, `test_batches`
-        (one pass each, masks drawn once).
-    """
+
+def make_splits(config, vocabulary=None):
+    """The verse splits (a dict of `data.PREPARED_SPLITS`) and the vocabulary
+    (learned from the training verses unless given)."""
     verses = data.load_verses(config.source, config.cache_dir)
     validation_books, test_books = data.default_held_out_books(verses)
     train, validation, test = data.split_verses(verses, validation_books, test_books)
-    train = train[: config.max_train_verses]
-    validation = validation[: config.max_eval_verses]
-    test = test[: config.max_eval_verses]
+    splits = dict(
+        train=train[: config.max_train_verses],
+        validation=validation[: config.max_eval_verses],
+        test=test[: config.max_eval_verses],
+    )
     if vocabulary is None:
         start = time.perf_counter()
-        vocabulary = data.Vocabulary.fit([v.text for v in train], config.vocabulary_size)
+        vocabulary = data.Vocabulary.fit([v.text for v in splits["train"]],
+                                         config.vocabulary_size)
         print(
             f"learned a WordPiece vocabulary of {vocabulary.size} tokens (asked "
-            f"{config.vocabulary_size}) from {len(train)} verses in "
+            f"{config.vocabulary_size}) from {len(splits['train'])} verses in "
             f"{time.perf_counter() - start:.1f} s",
             flush=True,
         )
+    print(
+        f"held-out books: validation {list(validation_books)}, test {list(test_books)}",
+        flush=True,
+    )
+    return splits, vocabulary
+
+
+def make_data(config, start_step=0, vocabulary=None, pipeline="tf.data", prepared=None):
+    """The verse splits, the vocabulary and the batches.
+
+    Args:
+        pipeline: `"tf.data"` (tokenizes with KerasHub's WordPiece) or
+            `"arrays"` (numpy batches of token ids, `data.pair_arrays`).
+        prepared: a folder `--prepare` wrote (`data.save_prepared`).
+
+    Returns:
+        A dict: `train`, `validation`, `test` (lists of `data.Verse`),
+        `vocabulary` (learned from `train` unless given or prepared),
+        `train_batches` (endless, from `start_step`), `validation_batches`,
+        `test_batches` (one pass each, masks drawn once).
+    """
+    ids = None
+    if prepared is not None:
+        splits, prepared_vocabulary, ids, settings = data.load_prepared(prepared)
+        common.check_prepared_settings(
+            settings, {name: getattr(config, name) for name in DATA_OPTIONS}, prepared
+        )
+        if vocabulary is not None and vocabulary.tokens != prepared_vocabulary.tokens:
+            raise ValueError(
+                f"The checkpoint's vocabulary differs from the one in {prepared}. "
+                f"Received: data={str(prepared)!r}"
+            )
+        vocabulary = prepared_vocabulary
+    else:
+        common.require_tensorflow_or_prepared(prepared)
+        splits, vocabulary = make_splits(config, vocabulary)
 
     def batches(split, **kwargs):
+        if pipeline == "arrays":
+            split_ids = ids[split] if ids is not None else vocabulary.encode_texts(
+                [v.text for v in splits[split]]
+            )
+            if kwargs.get("shuffle", True):
+                kwargs["num_batches"] = max(config.steps - start_step, 1)
+            return data.pair_arrays(
+                *data.sentence_pair_ids(splits[split], split_ids), vocabulary.size,
+                config.sequence_length, config.batch_size, config.mask_selection_length,
+                config.seed, **kwargs,
+            )
         return data.pair_batches(
-            data.sentence_pairs(split), vocabulary, config.sequence_length,
+            data.sentence_pairs(splits[split]), vocabulary, config.sequence_length,
             config.batch_size, config.mask_selection_length, config.seed, **kwargs,
         )
 
-    pairs = data.sentence_pairs(train)
+    train = splits["train"]
     print(
-        f"verses: {len(train)} train ({len(pairs)} pairs), {len(validation)} "
-        f"validation, {len(test)} test; held-out books: validation "
-        f"{list(validation_books)}, test {list(test_books)}",
+        f"verses: {len(train)} train ({len(data.sentence_pairs(train))} pairs), "
+        f"{len(splits['validation'])} validation, {len(splits['test'])} test ({pipeline})",
         flush=True,
     )
     return dict(
-        train=train, validation=validation, test=test, vocabulary=vocabulary,
-        train_batches=batches(train, start_step=start_step),
-        validation_batches=batches(validation, shuffle=False),
-        test_batches=batches(test, shuffle=False),
+        **splits, vocabulary=vocabulary,
+        train_batches=batches("train", start_step=start_step),
+        validation_batches=batches("validation", shuffle=False),
+        test_batches=batches("test", shuffle=False),
     )
 
 
@@ -284,7 +331,7 @@ def evaluate(model, batches, counts):
     unigram[: len(data.RESERVED_TOKENS)] = -np.inf
     most_frequent = int(np.argmax(counts))
     total = correct = nll = frequent = unigram_nll = 0.0
-    for x, labels, weights in batches.as_numpy_iterator():
+    for x, labels, weights in common.numpy_batches(batches):
         log_p = _log_softmax(np.asarray(model.predict_on_batch(x), "float64"))  # (B, M, V)
         real = weights > 0
         labels = labels[real]
@@ -413,6 +460,7 @@ def parse_args(argv=None):
         "--pretrain-only", action="store_true",
         help="stop after pretraining and the masked-LM scores (no fine-tuning, demo, picture)",
     )
+    common.add_prepare_options(parser)
     args = parser.parse_args(argv)
     return args, common.config_from_args(parser, args, PRESETS, Config)
 
@@ -429,6 +477,18 @@ def main(argv=None):
     output.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
 
+    if args.prepare:
+        splits, vocabulary = make_splits(config)
+        settings = {name: getattr(config, name) for name in DATA_OPTIONS}
+        data.save_prepared(args.prepare, splits, vocabulary, settings)
+        print(f"data prepared in {args.prepare}")
+        return None
+    pipeline = common.choose_pipeline(args.pipeline)
+    if not common.tensorflow_installed() and not args.pretrain_only:
+        # Fine-tuning, the fill-in demo and the picture tokenize new text.
+        raise ValueError(
+            "Without TensorFlow only `--pretrain-only` runs. Received: pretrain_only=False"
+        )
     start_step, vocabulary = 0, None
     checkpoint = None if args.fresh else common.load_checkpoint(output)
     if checkpoint is not None:
@@ -442,7 +502,7 @@ def main(argv=None):
         print(f"resuming from step {start_step} of {output}")
     print(config)
 
-    datasets = make_data(config, start_step, vocabulary)
+    datasets = make_data(config, start_step, vocabulary, pipeline, args.data)
     vocabulary = datasets["vocabulary"]
     # Built, compiled and trained inside the distribution's scope (a no-op
     # on one device).

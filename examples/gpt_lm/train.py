@@ -128,9 +128,10 @@ PRESETS = {
 # Data.
 
 
-def make_data(config, start_step=0, tokenizer=None):
+def make_data(config, start_step=0, tokenizer=None, pipeline="tf.data"):
     """The tokenizer, the training dataset, the whole-split validation
-    dataset, and the training and validation ids."""
+    dataset, and the training and validation ids; the datasets through
+    `pipeline` (`common.PIPELINES`)."""
     text = common.load_text(config.source, config.cache_dir)
     train_text, _ = common.split_ids(np.array(list(text)), 0.9)
     if tokenizer is None:
@@ -142,10 +143,12 @@ def make_data(config, start_step=0, tokenizer=None):
             tokenizer = common.CharTokenizer.fit(text)
     train_ids, val_ids = common.split_ids(tokenizer.encode(text), 0.9)
     train = common.train_batches(
-        train_ids, config.context_length, config.batch_size, config.seed, start_step
+        train_ids, config.context_length, config.batch_size, config.seed, start_step,
+        pipeline=pipeline, num_batches=max(config.steps - start_step, 1),
     )
     val = common.consecutive_windows(
-        val_ids, config.context_length, config.eval_batch_size, config.eval_windows
+        val_ids, config.context_length, config.eval_batch_size, config.eval_windows,
+        pipeline=pipeline,
     )
     return tokenizer, train, val, train_ids, val_ids
 
@@ -169,8 +172,9 @@ class Evaluation:
     with `eval_batches` the estimates of both splits (`train_estimate`,
     `val_loss`); `seconds` adds up the time spent."""
 
-    def __init__(self, config, val, train_ids, val_ids, distribution):
+    def __init__(self, config, val, train_ids, val_ids, distribution, pipeline="tf.data"):
         self.config = config
+        self.pipeline = pipeline
         self.val = distribute.even_batches(val, distribution)
         self.ids = {"train": train_ids, "val": val_ids}
         self.distribution = distribution
@@ -181,14 +185,12 @@ class Evaluation:
         if self.config.eval_batches is None:
             losses = {"val_loss": model.evaluate(self.val, verbose=0)}
         else:
-            import tensorflow as tf
-
             losses = {}
             for split in splits:
                 pair = estimate_batches(self.ids[split], self.config, int(split == "val"), step)
                 # One batch of N B windows: one call, one shape to compile.
                 batch = distribute.even_batches(
-                    common.without_autotuning(tf.data.Dataset.from_tensors(pair)),
+                    common.batched_arrays(pair, len(pair[0]), self.pipeline),
                     self.distribution,
                 )
                 name = "val_loss" if split == "val" else "train_estimate"
@@ -396,12 +398,16 @@ def main(argv=None):
         print(f"resuming from step {saved_step} of {output}")
     print(config)
 
-    tokenizer, train, val, train_ids, val_ids = make_data(config, start_step, tokenizer)
+    pipeline = common.choose_pipeline(args.pipeline)
+    print(f"data pipeline: {pipeline}")
+    tokenizer, train, val, train_ids, val_ids = make_data(
+        config, start_step, tokenizer, pipeline
+    )
     # Built, compiled and trained inside the distribution's scope (a no-op on
     # one device).
     with distribute.scope(args.distribute, GPT):
         print(distribute.describe(args.distribute))
-        evaluation = Evaluation(config, val, train_ids, val_ids, args.distribute)
+        evaluation = Evaluation(config, val, train_ids, val_ids, args.distribute, pipeline)
         return _train(args, config, output, checkpoint, start_step, tokenizer, train,
                       evaluation, val_ids)
 

@@ -343,8 +343,6 @@ class PairTokenizer:
     """
 
     def __init__(self, source_vocabulary, target_vocabulary=None, lowercase=False):
-        import keras_hub
-
         self.shared = target_vocabulary is None
         self.lowercase = bool(lowercase)
         self.source_vocabulary = list(source_vocabulary)
@@ -361,14 +359,49 @@ class PairTokenizer:
                     f"{vocabulary[: len(RESERVED_TOKENS)]}"
                 )
 
-        def wordpiece(vocabulary):
-            return keras_hub.tokenizers.WordPieceTokenizer(
-                vocabulary=vocabulary, lowercase=self.lowercase, oov_token="[UNK]",
-                dtype="int32",
-            )
+        # Ids of texts tokenized before (`remember`): prepared data, read
+        # where KerasHub's WordPiece (and so TensorFlow) is absent.
+        self.known = {"source": {}, "target": {}}
+        self._wordpiece = None
 
-        self.source = wordpiece(self.source_vocabulary)
-        self.target = self.source if self.shared else wordpiece(self.target_vocabulary)
+    def _tokenizers(self):
+        """KerasHub's WordPiece tokenizers `(source, target)`, made on first
+        use: they need TensorFlow and tensorflow-text."""
+        if self._wordpiece is None:
+            import keras_hub
+
+            def wordpiece(vocabulary):
+                return keras_hub.tokenizers.WordPieceTokenizer(
+                    vocabulary=vocabulary, lowercase=self.lowercase, oov_token="[UNK]",
+                    dtype="int32",
+                )
+
+            source = wordpiece(self.source_vocabulary)
+            self._wordpiece = (source, source if self.shared else wordpiece(self.target_vocabulary))
+        return self._wordpiece
+
+    @property
+    def source(self):
+        """KerasHub's WordPiece tokenizer of the source side."""
+        return self._tokenizers()[0]
+
+    @property
+    def target(self):
+        """KerasHub's WordPiece tokenizer of the target side."""
+        return self._tokenizers()[1]
+
+    def remember(self, side, texts, ids):
+        """Records the ids of `texts` on `side` (`"source"` or `"target"`), so
+        that encoding them needs no WordPiece."""
+        self.known[side].update(zip(texts, (list(map(int, x)) for x in ids)))
+
+    def _encode(self, side, texts):
+        texts = list(texts)
+        known = self.known[side]
+        if all(text in known for text in texts):
+            return [list(known[text]) for text in texts]
+        tokenizer = self.source if side == "source" else self.target
+        return [list(map(int, ids)) for ids in tokenizer.tokenize(texts)]
 
     @classmethod
     def fit(cls, pairs, vocabulary_size, shared=False, lowercase=False):
@@ -402,11 +435,11 @@ class PairTokenizer:
 
     def encode_source(self, texts):
         """Lists of source ids (no `[START]` or `[END]`), one per text."""
-        return [list(map(int, ids)) for ids in self.source.tokenize(list(texts))]
+        return self._encode("source", texts)
 
     def encode_target(self, texts):
         """Lists of target ids (no `[START]` or `[END]`), one per text."""
-        return [list(map(int, ids)) for ids in self.target.tokenize(list(texts))]
+        return self._encode("target", texts)
 
     def target_tokens(self, ids):
         """The target tokens of `ids` up to the first `[END]`, without
@@ -490,23 +523,35 @@ def bucket_batch_sizes(boundaries, batch_tokens):
     return sizes + [sizes[-1]]
 
 
-def _pair_dataset(pairs, tokenizer, max_length, order_seed=None):
+def epoch_order(num_pairs, seed, epoch):
+    """The order of the training pairs in data epoch `epoch`: a permutation
+    drawn by numpy's generator seeded with `(seed, epoch)`, which both
+    pipelines use."""
+    return np.random.default_rng((seed, int(epoch))).permutation(num_pairs)
+
+
+def _pair_dataset(pairs, tokenizer, max_length, seed=None, epoch=None):
     """One `(encoder ids, decoder ids, labels)` element per pair, ragged.
 
-    With `order_seed` (an int64 `(2,)` tensor) the pairs come in the order of
-    a stateless random permutation of that seed; else in list order.
+    With `seed`, the pairs come in `epoch_order(len(pairs), seed, epoch)`
+    (`epoch` an int64 scalar tensor); else in list order.
     """
     import tensorflow as tf
 
+    # Made here, eagerly: KerasHub's tokenizers hold lookup tables that a
+    # tokenizer first made inside a traced `map` would leave in its graph.
+    source_tokenizer, target_tokenizer = tokenizer.source, tokenizer.target
     sources = tf.constant([p.source for p in pairs])
     targets = tf.constant([p.target for p in pairs])
-    if order_seed is not None:
-        keys = tf.random.stateless_uniform((len(pairs),), seed=order_seed)
-        order = tf.argsort(keys)
+    if seed is not None:
+        order = tf.numpy_function(
+            lambda e: epoch_order(len(pairs), seed, e), [epoch], tf.int64
+        )
+        order = tf.ensure_shape(order, (len(pairs),))
         sources, targets = tf.gather(sources, order), tf.gather(targets, order)
 
     def tokenize(source, target):  # (N,) strings, tokenized in batches
-        return tokenizer.source(source), tokenizer.target(target)
+        return source_tokenizer(source), target_tokenizer(target)
 
     def teacher_forcing(source_ids, target_ids):
         source_ids = source_ids[:max_length]  # (S,)
@@ -563,8 +608,8 @@ def _count(dataset):
 def train_batches(pairs, tokenizer, max_length, batch_tokens, seed, start_step=0):
     """Endless training batches; batch `k` is a pure function of `(seed, k)`.
 
-    Each pass over the pairs (a data epoch) shuffles them with a stateless
-    permutation of `(seed, epoch)`, tokenizes, buckets and drops each
+    Each pass over the pairs (a data epoch) shuffles them
+    (`epoch_order(len(pairs), seed, epoch)`), tokenizes, buckets and drops each
     bucket's last partial batch. The number of batches per epoch depends
     only on the lengths, not on the order, so the stream made with
     `start_step=k` starts at batch `k` exactly: a resumed run sees the
@@ -587,13 +632,12 @@ def train_batches(pairs, tokenizer, max_length, batch_tokens, seed, start_step=0
     import tensorflow as tf
 
     def epoch(index):
-        order_seed = tf.stack([tf.constant(seed, "int64"), tf.cast(index, "int64")])
         return _bucketed(
-            _pair_dataset(pairs, tokenizer, max_length, order_seed),
+            _pair_dataset(pairs, tokenizer, max_length, seed, index),
             max_length, batch_tokens, drop_remainder=True,
         )
 
-    per_epoch = _count(epoch(0))
+    per_epoch = _count(epoch(tf.constant(0, "int64")))
     if per_epoch == 0:
         raise ValueError(
             "The training pairs fill no batch: lower `batch_tokens`. Received: "
@@ -649,3 +693,143 @@ def source_batches(texts, tokenizer, max_length, batch_size, width=8):
             ids[row, : len(encoded[i])] = encoded[i]
         batches.append((indices, ids))
     return batches
+
+
+# The same batches from token ids in numpy arrays (no TensorFlow).
+
+
+def teacher_forcing(source_ids, target_ids, max_length):
+    """`(encoder ids, decoder ids, labels)` of one pair: the source cut to
+    `max_length`, the decoder inputs `[START] target` and the labels
+    `target [END]`, the target cut to `max_length - 1`."""
+    target_ids = list(target_ids[: max_length - 1])
+    return list(source_ids[:max_length]), [START_ID] + target_ids, target_ids + [END_ID]
+
+
+def _padded(examples, length):
+    """A batch of `teacher_forcing` triples padded with 0 to `length`."""
+    encoder, decoder, labels = (np.zeros((len(examples), length), "int32") for _ in range(3))
+    for row, (e, d, y) in enumerate(examples):
+        encoder[row, : len(e)], decoder[row, : len(d)], labels[row, : len(y)] = e, d, y
+    inputs = {"encoder_token_ids": encoder, "decoder_token_ids": decoder}
+    return inputs, labels, (labels != PAD_ID).astype("float32")
+
+
+def bucketed_arrays(examples, max_length, batch_tokens, drop_remainder):
+    """`teacher_forcing` triples in batches as `_bucketed` makes them with
+    tf.data's `bucket_by_sequence_length`: each goes to the bucket of its
+    length (the longer of source and labels), a bucket is emitted padded to
+    its boundary - 1 as soon as it holds its batch size, and at the end the
+    partial buckets are dropped, or emitted in the order of their
+    boundaries."""
+    boundaries = bucket_boundaries(max_length)
+    sizes = bucket_batch_sizes(boundaries, batch_tokens)
+    buckets = [[] for _ in sizes]
+    batches = []
+    for example in examples:
+        bucket = int(np.searchsorted(boundaries, max(len(example[0]), len(example[2])),
+                                     side="right"))
+        buckets[bucket].append(example)
+        if len(buckets[bucket]) == sizes[bucket]:
+            batches.append(_padded(buckets[bucket], boundaries[bucket] - 1))
+            buckets[bucket] = []
+    if not drop_remainder:
+        batches += [_padded(b, boundaries[i] - 1) for i, b in enumerate(buckets) if b]
+    return batches
+
+
+def train_arrays(source_ids, target_ids, max_length, batch_tokens, seed, start_step=0,
+                 num_batches=None):
+    """`train_batches` from token ids (lists of ids per pair, as
+    `PairTokenizer.encode_source` / `encode_target` give them), through a
+    `keras.utils.PyDataset`: the batches of the `tf.data` stream, in its
+    order, `num_batches` of them from `start_step`.
+
+    Returns:
+        `(dataset, batches_per_epoch)`.
+    """
+    def epoch(index):
+        order = epoch_order(len(source_ids), seed, index)
+        examples = (teacher_forcing(source_ids[i], target_ids[i], max_length) for i in order)
+        return bucketed_arrays(examples, max_length, batch_tokens, drop_remainder=True)
+
+    cached = {0: epoch(0)}
+    per_epoch = len(cached[0])
+    if per_epoch == 0:
+        raise ValueError(
+            "The training pairs fill no batch: lower `batch_tokens`. Received: "
+            f"{len(source_ids)} pairs, batch_tokens={batch_tokens}"
+        )
+
+    def batch(i):
+        index, k = divmod(start_step + i, per_epoch)
+        if index not in cached:  # one data epoch held at a time
+            cached.clear()
+            cached[index] = epoch(index)
+        return cached[index][k]
+
+    return common.array_batches(batch, num_batches), per_epoch
+
+
+def eval_arrays(source_ids, target_ids, max_length, batch_tokens):
+    """`eval_batches` from token ids, through a `keras.utils.PyDataset`."""
+    examples = (teacher_forcing(s, t, max_length) for s, t in zip(source_ids, target_ids))
+    batches = bucketed_arrays(examples, max_length, batch_tokens, drop_remainder=False)
+    return common.array_batches(batches.__getitem__, len(batches))
+
+
+# Prepared data: the splits, vocabularies and token ids as plain files.
+
+PREPARED_SPLITS = ("train", "validation", "test")
+
+
+def save_prepared(directory, splits, tokenizer, settings):
+    """Writes what training needs into `directory`: the vocabularies
+    (`PairTokenizer.save`), `pairs.json.gz` (the pairs of each split),
+    `ids.npz` (each split's source and target ids, flat with offsets) and
+    `settings.json` (the options that made them).
+
+    Args:
+        splits: a dict of the `PREPARED_SPLITS` to lists of `Pair`s.
+        tokenizer: the `PairTokenizer` (its WordPiece tokenizes here).
+        settings: a JSON-able dict of the data options.
+    """
+    import json
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(directory)
+    named = {}
+    for name in PREPARED_SPLITS:
+        pairs = splits[name]
+        named[f"{name}_source"] = tokenizer.encode_source([p.source for p in pairs])
+        named[f"{name}_target"] = tokenizer.encode_target([p.target for p in pairs])
+    common.save_id_lists(directory / "ids.npz", named)
+    pairs = {name: [list(p) for p in splits[name]] for name in PREPARED_SPLITS}
+    with gzip.open(directory / "pairs.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(pairs, f, ensure_ascii=False)
+    (directory / "settings.json").write_text(json.dumps(settings, sort_keys=True))
+
+
+def load_prepared(directory):
+    """What `save_prepared` wrote: `(splits, tokenizer, ids, settings)`;
+    `ids[split] = (source ids, target ids)`, lists of id lists, which the
+    tokenizer also remembers (it encodes these texts without WordPiece)."""
+    import json
+
+    directory = common.check_prepared(
+        directory, ("ids.npz", "pairs.json.gz", "settings.json", "tokenizer.json")
+    )
+    tokenizer = PairTokenizer.load(directory)
+    named = common.load_id_lists(directory / "ids.npz")
+    with gzip.open(directory / "pairs.json.gz", "rt", encoding="utf-8") as f:
+        pairs = json.load(f)
+    splits, ids = {}, {}
+    for name in PREPARED_SPLITS:
+        splits[name] = [Pair(*p) for p in pairs[name]]
+        for side in ("source", "target"):
+            texts = [getattr(p, side) for p in splits[name]]
+            tokenizer.remember(side, texts, named[f"{name}_{side}"])
+        ids[name] = (named[f"{name}_source"], named[f"{name}_target"])
+    settings = json.loads((directory / "settings.json").read_text())
+    return splits, tokenizer, ids, settings

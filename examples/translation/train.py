@@ -135,15 +135,20 @@ PRESETS = {
 # Data.
 
 
-def make_data(config, start_step=0, tokenizer=None):
-    """The pairs' splits, the tokenizer and the training / validation batches.
+# The options that shape the prepared data (`--prepare`, `--data`).
+DATA_OPTIONS = (
+    "source", "layout", "max_words", "validation_books", "test_books", "max_train_pairs",
+    "max_eval_pairs", "vocabulary_size", "lowercase", "share_embeddings",
+)
 
-    Returns:
-        A dict: `train`, `validation`, `test` (lists of `data.Pair`),
-        `tokenizer` (learned from `train` unless given), `train_batches` (the
-        endless `tf.data` stream from `start_step`), `batches_per_epoch` and
-        `validation_batches`.
-    """
+
+def data_settings(config):
+    return {name: getattr(config, name) for name in DATA_OPTIONS}
+
+
+def make_splits(config, tokenizer=None):
+    """The pairs' splits (a dict of `data.PREPARED_SPLITS`) and the tokenizer
+    (learned from the training split unless given)."""
     pairs = data.filter_by_length(
         data.load_pairs(config.source, config.cache_dir, config.layout), config.max_words
     )
@@ -151,32 +156,90 @@ def make_data(config, start_step=0, tokenizer=None):
     validation_books = config.validation_books or default_validation
     test_books = config.test_books or default_test
     train, validation, test = data.split_pairs(pairs, validation_books, test_books)
-    train = train[: config.max_train_pairs]
-    validation = validation[: config.max_eval_pairs]
-    test = test[: config.max_eval_pairs]
+    splits = dict(
+        train=train[: config.max_train_pairs],
+        validation=validation[: config.max_eval_pairs],
+        test=test[: config.max_eval_pairs],
+    )
     if tokenizer is None:
-        print(f"learning the WordPiece vocabularies from {len(train)} pairs", flush=True)
+        print(f"learning the WordPiece vocabularies from {len(splits['train'])} pairs",
+              flush=True)
         start = time.perf_counter()
         tokenizer = data.PairTokenizer.fit(
-            train, config.vocabulary_size, config.share_embeddings, config.lowercase
+            splits["train"], config.vocabulary_size, config.share_embeddings, config.lowercase
         )
         print(f"learned the WordPiece vocabularies in {time.perf_counter() - start:.1f} s")
-    train_batches, per_epoch = data.train_batches(
-        train, tokenizer, config.max_length, config.batch_tokens, config.seed, start_step
-    )
-    validation_batches = data.eval_batches(
-        validation, tokenizer, config.max_length, config.batch_tokens
-    )
     names = data.book_names if data.is_bible(pairs) else (lambda books: f"groups {list(books)}")
     print(
-        f"pairs: {len(train)} train, {len(validation)} validation "
-        f"({names(validation_books)}), {len(test)} test ({names(test_books)}); "
-        f"{per_epoch} training batches per pass"
+        f"pairs: {len(splits['train'])} train, {len(splits['validation'])} validation "
+        f"({names(validation_books)}), {len(splits['test'])} test ({names(test_books)})"
     )
+    return splits, tokenizer
+
+
+def read_prepared(config, directory):
+    """`data.load_prepared(directory)`, checked against the run's options."""
+    splits, tokenizer, ids, settings = data.load_prepared(directory)
+    common.check_prepared_settings(settings, data_settings(config), directory)
+    return splits, tokenizer, ids
+
+
+def make_data(config, start_step=0, tokenizer=None, pipeline="tf.data", prepared=None):
+    """The pairs' splits, the tokenizer and the training / validation batches.
+
+    Args:
+        pipeline: `"tf.data"` (tokenizes with KerasHub's WordPiece) or
+            `"arrays"` (numpy batches of token ids, `data.train_arrays`).
+        prepared: a folder `--prepare` wrote (`data.save_prepared`): its
+            splits, vocabularies and token ids (no WordPiece needed).
+
+    Returns:
+        A dict: `train`, `validation`, `test` (lists of `data.Pair`),
+        `tokenizer` (learned from `train` unless given or prepared),
+        `train_batches` (the endless stream from `start_step`),
+        `batches_per_epoch` and `validation_batches`.
+    """
+    ids = None
+    if prepared is not None:
+        splits, prepared_tokenizer, ids = read_prepared(config, prepared)
+        if tokenizer is not None and (
+            tokenizer.source_vocabulary != prepared_tokenizer.source_vocabulary
+            or tokenizer.target_vocabulary != prepared_tokenizer.target_vocabulary
+        ):
+            raise ValueError(
+                f"The checkpoint's vocabularies differ from those in {prepared}. "
+                f"Received: data={str(prepared)!r}"
+            )
+        tokenizer = prepared_tokenizer
+    else:
+        common.require_tensorflow_or_prepared(prepared)
+        splits, tokenizer = make_splits(config, tokenizer)
+    if pipeline == "arrays":
+        if ids is None:
+            ids = {
+                name: (tokenizer.encode_source([p.source for p in splits[name]]),
+                       tokenizer.encode_target([p.target for p in splits[name]]))
+                for name in ("train", "validation")
+            }
+        train_batches, per_epoch = data.train_arrays(
+            *ids["train"], config.max_length, config.batch_tokens, config.seed, start_step,
+            num_batches=max(config.steps - start_step, 1),
+        )
+        validation_batches = data.eval_arrays(
+            *ids["validation"], config.max_length, config.batch_tokens
+        )
+    else:
+        train_batches, per_epoch = data.train_batches(
+            splits["train"], tokenizer, config.max_length, config.batch_tokens, config.seed,
+            start_step,
+        )
+        validation_batches = data.eval_batches(
+            splits["validation"], tokenizer, config.max_length, config.batch_tokens
+        )
+    print(f"{per_epoch} training batches per pass ({pipeline})")
     return dict(
-        train=train, validation=validation, test=test, tokenizer=tokenizer,
-        train_batches=train_batches, batches_per_epoch=per_epoch,
-        validation_batches=validation_batches,
+        **splits, tokenizer=tokenizer, train_batches=train_batches,
+        batches_per_epoch=per_epoch, validation_batches=validation_batches,
     )
 
 
@@ -425,6 +488,7 @@ def parse_args(argv=None):
         "--train-only", action="store_true",
         help="stop after training and saving (no BLEU, samples or picture)",
     )
+    common.add_prepare_options(parser)
     args = parser.parse_args(argv)
     config = common.config_from_args(parser, args, PRESETS, Config, options=("layout",))
     return args, config
@@ -439,6 +503,12 @@ def main(argv=None):
     output = pathlib.Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
 
+    if args.prepare:
+        splits, tokenizer = make_splits(config)
+        data.save_prepared(args.prepare, splits, tokenizer, data_settings(config))
+        print(f"data prepared in {args.prepare}")
+        return None
+    pipeline = common.choose_pipeline(args.pipeline)
     start_step, tokenizer = 0, None
     checkpoint = None if args.fresh else common.load_checkpoint(output)
     if checkpoint is not None:
@@ -451,7 +521,7 @@ def main(argv=None):
         print(f"resuming from step {start_step} of {output}")
     print(config)
 
-    datasets = make_data(config, start_step, tokenizer)
+    datasets = make_data(config, start_step, tokenizer, pipeline, args.data)
     # Built, compiled, trained and evaluated inside the distribution's scope
     # (a no-op on one device).
     with distribute.scope(args.distribute, Seq2SeqTransformer):

@@ -30,10 +30,19 @@ from keras import ops
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
 
+# On a GPU neither the blocked kernel nor the chunks: both were measured on a
+# CPU, where XLA's code for Keras's kernel was the slower one; on a GPU,
+# Keras's kernel calls cuDNN's fused attention (`jax.nn.dot_product_attention`,
+# implementation "cudnn") where cuDNN's checks pass (bfloat16 or float16, its
+# head sizes), which neither forms the `(T, S)` scores nor needs query chunks,
+# and XLA's own kernel elsewhere. Which one a run took: the profile in
+# benchmarks/gpu/run_all.py's table.
+_ON_GPU = jax.default_backend() == "gpu"
+
 PREFERENCES = Preferences(
-    blocked="always",
+    blocked="never" if _ON_GPU else "always",
     normalize_last=True,
-    chunk_long_queries=True,
+    chunk_long_queries=not _ON_GPU,
     guard_with_cond=False,
     linear_projections=True,
     cache_windows=True,

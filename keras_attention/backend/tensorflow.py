@@ -26,6 +26,7 @@ four in between.
 import numpy as np
 import tensorflow as tf
 from keras import ops
+from tensorflow.python.ops import control_flow_util
 
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
@@ -48,7 +49,6 @@ unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite
 dropout = common.dropout
 dropout_attention = common.dropout_attention
-when_finite = common.when_finite
 kernel_dtype = common.kernel_dtype
 
 
@@ -71,6 +71,28 @@ def gelu(x):
     # `tf.nn.gelu` (the erfc form) took the GPT example's training step as
     # long as the erf form did (27.4 against 27.3 ms, benchmarks/README.md).
     return None
+
+
+def when_finite(inputs, attempt, recompute):
+    # Under XLA (`jit_compile=True`, which `compile()`'s "auto" picks on a
+    # GPU) the guarded computation runs always, as on JAX: XLA fuses it, and
+    # TensorFlow's XLA bridge aborted the process (a failed check on a
+    # `SetDimensionSize` in dynamic_dimension_inference.cc) compiling the
+    # gradient of Keras's kernel, whose `tf.einsum` gradient reshapes by the
+    # shapes it reads, inside the `cond`'s branch
+    # (tests/kernels/test_xla_training.py). A graph outside XLA keeps the
+    # `cond`, which skips the guard's work when the inputs are finite.
+    if _compiled_by_xla():
+        return recompute()
+    return common.when_finite(inputs, attempt, recompute)
+
+
+def _compiled_by_xla():
+    # `tf.function(jit_compile=True)` traces inside an XLA control-flow
+    # context on the graph that calls it, which TensorFlow's own loops
+    # consult the same way.
+    graph = tf.compat.v1.get_default_graph()
+    return control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
 def after(values, dependencies):
