@@ -122,7 +122,7 @@ def plot_attention(
     except ImportError as error:
         raise ImportError(
             "plot_attention needs matplotlib: pip install matplotlib "
-            "(or keras-attention[examples])"
+            "(or keras3-attention[examples])"
         ) from error
     weights = np.asarray(keras.ops.convert_to_numpy(weights), dtype="float32")
     if weights.ndim == 2:
