@@ -30,7 +30,24 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for comm
 import common  # noqa: E402
 import distribute  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+
+
+def build_parser():
+    """The command line (checked before the heavy imports below)."""
+    parser = common.training_parser(
+        __doc__.split("\n")[0], "translation_output", "pair file path or URL (default: shipped)"
+    )
+    parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
+    parser.add_argument(
+        "--train-only", action="store_true",
+        help="stop after training and saving (no BLEU, samples or picture)",
+    )
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import keras  # noqa: E402
@@ -417,14 +434,7 @@ def plot_cross_attention(model, tokenizer, text, path):
 
 
 def parse_args(argv=None):
-    parser = common.training_parser(
-        __doc__.split("\n")[0], "translation_output", "pair file path or URL (default: shipped)"
-    )
-    parser.add_argument("--layout", choices=["auto", "bible", "tatoeba"])
-    parser.add_argument(
-        "--train-only", action="store_true",
-        help="stop after training and saving (no BLEU, samples or picture)",
-    )
+    parser = build_parser()
     args = parser.parse_args(argv)
     config = common.config_from_args(parser, args, PRESETS, Config, options=("layout",))
     return args, config
