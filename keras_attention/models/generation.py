@@ -333,6 +333,10 @@ class Generator:
             empty_caches = self.empty_caches
             if start == 1 and hasattr(step, "empty_caches"):
                 empty_caches = step.empty_caches
+            elif hasattr(step, "empty_caches"):
+                # Its caches cannot continue the layers' prefill of a longer
+                # prompt (a decoder prompt such as BART's): the layers decode.
+                step = None
             caches, phases = cache_windows.Phases.plan(
                 empty_caches, prompt.shape[0], start, total, context,
                 windowed=backend.preferences().cache_windows,

@@ -18,12 +18,13 @@ from keras_attention.layers.token_and_position_embedding import (
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoder
 from keras_attention.models import _keras_hub
+from keras_attention.models import _text
 from keras_attention.models import generation
 from keras_attention.models import layouts
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class GPT(layouts.TensorParallel, keras.Model):
+class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
     """A decoder-only Transformer language model (GPT-2 by default).
 
     token ids -> token embedding + learned position embedding -> dropout ->
@@ -61,9 +62,15 @@ class GPT(layouts.TensorParallel, keras.Model):
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        token_ids: int `(B, T)`, `T <= max_sequence_length`.
+        token_ids: int `(B, T)`, `T <= max_sequence_length`; or KerasHub's
+            input dictionary `{"token_ids": ..., "padding_mask": ...}`.
         padding_mask: optional bool `(B, T)`, `True` for real tokens.
         training: bool, whether dropout is active.
+
+    Text in, text out (`keras_attention.models._text.CausalTextModel`): with a
+    KerasHub preprocessor in `model.preprocessor` (`GPT.from_preset` sets
+    it), `generate` takes and returns strings. `compile()` without a loss
+    compiles the from-logits cross-entropy.
 
     Returns:
         Logits `(B, T, V)`: position `t` scores the token at `t + 1`.
@@ -183,6 +190,8 @@ class GPT(layouts.TensorParallel, keras.Model):
         self.built = True
 
     def __call__(self, token_ids, *args, **kwargs):
+        if isinstance(token_ids, dict):
+            token_ids, kwargs = _text.unpack_token_inputs(token_ids, kwargs, "GPT")
         # Checked where their values are known (numpy, eager tensors); inside
         # a compiled train step they are not, and an embedding lookup clamps.
         ids = _validation.known_token_ids("token_ids", token_ids)
@@ -191,6 +200,8 @@ class GPT(layouts.TensorParallel, keras.Model):
         return super().__call__(token_ids, *args, **kwargs)
 
     def call(self, token_ids, padding_mask=None, training=None):
+        if isinstance(token_ids, dict):  # as `fit` hands it to a stateless call
+            token_ids, padding_mask = token_ids["token_ids"], token_ids.get("padding_mask")
         if padding_mask is None and not kernels.is_observed():
             logits = backend.decoder_forward(
                 self.embedding,
@@ -260,7 +271,7 @@ class GPT(layouts.TensorParallel, keras.Model):
     def generate(
         self,
         prompt_ids,
-        max_new_tokens,
+        max_new_tokens=None,
         sampling="greedy",
         temperature=1.0,
         top_k=None,
@@ -269,6 +280,7 @@ class GPT(layouts.TensorParallel, keras.Model):
         stop_token_ids=None,
         prompt_padding_mask=None,
         pad_token_id=0,
+        max_length=None,
     ):
         """Continues prompts token by token with the KV cache.
 
@@ -281,8 +293,12 @@ class GPT(layouts.TensorParallel, keras.Model):
         package's generation core (`keras_attention.models.generation`).
 
         Args:
-            prompt_ids: int `(B, P)` prompts.
+            prompt_ids: int `(B, P)` prompts; or, with a `preprocessor`, a
+                string or a list of strings (the result is then text too:
+                each prompt with its continuation, special tokens removed;
+                rows end at the tokenizer's end token).
             max_new_tokens: positive int, the tokens to add to each prompt.
+                Give this or `max_length`.
             sampling: `"greedy"` (the most likely token), `"random"` (from
                 `softmax(logits / temperature)`), `"top_k"` (from the `top_k`
                 most likely) or `"top_p"` (from the smallest set of most likely
@@ -297,11 +313,21 @@ class GPT(layouts.TensorParallel, keras.Model):
                 different lengths: each row's prompt is its first `True`
                 positions (right padding); its new tokens follow it.
             pad_token_id: int, the id written after a row has ended.
+            max_length: int, KerasHub's meaning: the output's length, prompt
+                included (`max_new_tokens = max_length - P`). For text without
+                either, the preprocessor's `sequence_length`.
 
         Returns:
             int32 numpy array `(B, P + max_new_tokens)`: each prompt followed
             by its new tokens (then `pad_token_id` where a row ended early).
+            For text, a string (or a list of strings).
         """
+        if _text.is_text(prompt_ids):
+            return _text.generate_text(
+                self, prompt_ids, max_new_tokens, max_length, sampling=sampling,
+                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                stop_token_ids=stop_token_ids,
+            )
         prompt = _validation.to_numpy(prompt_ids)
         if prompt.ndim != 2 or prompt.shape[1] == 0:
             raise ValueError(
@@ -309,6 +335,7 @@ class GPT(layouts.TensorParallel, keras.Model):
                 f"Received: prompt_ids with shape {prompt.shape}"
             )
         self._check_ids("prompt_ids", _validation.known_token_ids("prompt_ids", prompt))
+        max_new_tokens = _text.new_token_count(max_new_tokens, max_length, prompt.shape[1])
         max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
         stop_token_ids = _validation.check_token_id_list(
             "stop_token_ids", stop_token_ids, self.vocabulary_size
@@ -367,12 +394,15 @@ class GPT(layouts.TensorParallel, keras.Model):
         logits equal `hidden @ token_embedding^T` of the backbone's output.
 
         Args:
-            backbone: a `keras_hub.models.GPT2Backbone`.
+            backbone: a `keras_hub.models.GPT2Backbone`, or a
+                `keras_hub.models.GPT2CausalLM` (its backbone is taken). A
+                preset name is `GPT.from_preset`'s.
             **kwargs: other `GPT` arguments (e.g. `dtype`).
 
         Returns:
             A built `GPT` with copies of the weights.
         """
+        backbone = _text.keras_hub_backbone(backbone, "backbone", "GPT2Backbone", "GPT")
         config = backbone.get_config()
         model = cls(
             vocabulary_size=config["vocabulary_size"],
