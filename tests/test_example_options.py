@@ -135,11 +135,21 @@ def test_a_model_folder_of_the_wrong_kind_is_named(tmp_path, script, args, kind,
     assert "--output-dir" in message and "train.py" in message
 
 
-def test_steps_not_a_multiple_of_the_interval_is_named():
+def test_steps_not_a_multiple_of_the_interval_is_named(capsys):
     # Checked against the preset once the script's config exists (after the
     # imports): still one line naming both options and the value.
-    refused = harness.run_refused(EXAMPLES / "gpt_lm" / "train.py", "--tiny", "--steps", "7")
-    assert refused.strip().splitlines()[-1] == (
-        "train.py: error: argument --steps: must be a multiple of the evaluation interval "
+    common = harness.load_module(EXAMPLES / "common.py", "examples_common")
+    gpt_train = harness.load_module(EXAMPLES / "gpt_lm" / "train.py", "gpt_lm_train_options")
+    parser = gpt_train.build_parser()
+    args = parser.parse_args(["--tiny", "--steps", "7"])
+    with pytest.raises(SystemExit) as exit_info:
+        common.config_from_args(parser, args, gpt_train.PRESETS, gpt_train.Config)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "error: argument --steps: must be a multiple of the evaluation interval "
         "(3, --eval-interval). Received: 7 (see --help)"
     )
+    config = common.config_from_args(
+        parser, parser.parse_args(["--tiny", "--steps", "9"]), gpt_train.PRESETS, gpt_train.Config
+    )
+    assert (config.steps, config.eval_interval) == (9, 3)
