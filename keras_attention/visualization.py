@@ -46,7 +46,8 @@ def capture_attention(model, *args, **kwargs):
 
     Args:
         model: a `keras.Model` or layer containing attention layers.
-        *args, **kwargs: the inputs, as for `model(...)`.
+        *args: the inputs, as for `model(...)`.
+        **kwargs: the keyword inputs, as for `model(...)`.
 
     Returns:
         A list of `(name, weights)` in call order: `name` is the attention
@@ -61,8 +62,8 @@ def capture_attention(model, *args, **kwargs):
     >>> encoder = layers.TransformerEncoder(num_layers=2, intermediate_dim=32, num_heads=2)
     >>> x = np.random.rand(1, 4, 16).astype("float32")
     >>> maps = capture_attention(encoder, x)
-    >>> [(name.split("/")[-2], w.shape) for name, w in maps]
-    [('block_0', (1, 2, 4, 4)), ('block_1', (1, 2, 4, 4))]
+    >>> len(maps), maps[0][0].split("/")[-2], maps[0][1].shape
+    (2, 'block_0', (1, 2, 4, 4))
     """
     if not _has_attention(model):
         raise ValueError(

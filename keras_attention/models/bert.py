@@ -186,7 +186,8 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
             mask_token_id: int, the id of `[MASK]` (default: the
                 preprocessor's tokenizer's).
             top_k: positive int, at most `vocabulary_size`.
-            segment_ids, padding_mask: optional `(B, T)`, as for `call`.
+            segment_ids: optional int `(B, T)`, as for `call`.
+            padding_mask: optional bool `(B, T)`, as for `call`.
 
         Returns:
             One list per row of `(position, ids, probabilities)` per mask, in

@@ -66,7 +66,8 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         max_source_length: positive int, the longest source.
         max_target_length: positive int, the longest target (decoder
             input), the start token included.
-        num_encoder_layers, num_decoder_layers: positive ints (paper: 6).
+        num_encoder_layers: positive int (paper: 6).
+        num_decoder_layers: positive int (paper: 6).
         num_heads: positive int dividing `hidden_dim` (paper: 8).
         hidden_dim: positive int `D` (paper: 512).
         intermediate_dim: positive int, the feed-forward width (paper:
@@ -462,7 +463,10 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
                 new tokens, the end token included (0: plain log-probability).
             num_return_sequences: positive int, at most `num_beams`: the best
                 hypotheses returned per source (beam search).
-            temperature, top_k, top_p, seed: for the sampling ones.
+            temperature: for the sampling ones, as in `GPT.generate`.
+            top_k: for `"top_k"`, as in `GPT.generate`.
+            top_p: for `"top_p"`, as in `GPT.generate`.
+            seed: optional int, for the sampling ones.
             encoder_padding_mask: optional bool `(B, S)`; by default the
                 source positions that are not `pad_token_id`.
             return_scores: bool, also return the scores.
