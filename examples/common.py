@@ -103,6 +103,8 @@ def select_backend(argv=None, parser=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if backend is None:
         # A bare trailing `--backend` is left to argparse, which reports it.
+        if parser is not None:
+            import_tensorflow_quietly()
         return None
     if backend not in BACKENDS:
         # Checked here: an unknown KERAS_BACKEND would fail inside
@@ -112,6 +114,9 @@ def select_backend(argv=None, parser=None):
             f"Received: --backend={backend!r}"
         )
     os.environ["KERAS_BACKEND"] = backend
+    if parser is not None:
+        # After KERAS_BACKEND is set: importing TensorFlow imports Keras.
+        import_tensorflow_quietly()
     return backend
 
 
@@ -473,11 +478,85 @@ def non_negative_float(text):
 
 def source_path(text):
     """An argparse `type`: a URL (`scheme://...`, fetched later) or a path
-    to a file that exists."""
-    if "://" not in text and not pathlib.Path(text).is_file():
-        problem = "is a folder, not a file" if pathlib.Path(text).is_dir() else "does not exist"
+    to a file that exists, is not empty, and (`.gz`) decompresses."""
+    if "://" in text:
+        return text
+    path = pathlib.Path(text)
+    if not path.is_file():
+        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise argparse.ArgumentTypeError(f"{problem}. Received: {text!r}")
+    if path.stat().st_size == 0:
+        raise argparse.ArgumentTypeError(f"is an empty file. Received: {text!r}")
+    if path.suffix == ".gz":
+        try:
+            with gzip.open(path, "rb") as f:
+                empty = not f.read(1)
+        except (OSError, EOFError) as error:
+            raise argparse.ArgumentTypeError(
+                f"is not a readable gzip file ({error}). Received: {text!r}"
+            ) from None
+        if empty:
+            raise argparse.ArgumentTypeError(f"decompresses to nothing. Received: {text!r}")
     return text
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow (if installed) with the process's standard error
+    silenced: its C++ start-up lines (oneDNN, CUDA) are written before
+    `TF_CPP_MIN_LOG_LEVEL` is read, twice, also on runs whose backend is
+    JAX or torch (the examples' `tf.data` pipelines import it). An import
+    error is still raised, as a Python exception."""
+    import importlib.util
+
+    if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is None:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def run(main, parser=None, resumable=None):
+    """Runs a script's `main()`: Ctrl-C ends it with a line that says how
+    to resume (`resumable=True`: from the checkpoint in `--output-dir`, read
+    through `parser`; `False`: a training run without checkpoints), and an error reading the data or an invalid value in it with
+    one line naming it (`EXAMPLES_TRACEBACK=1` shows the traceback)."""
+    import zipfile
+    import zlib
+
+    program = pathlib.Path(sys.argv[0]).name
+    try:
+        return main()
+    except KeyboardInterrupt:
+        message = f"{program}: interrupted"
+        if resumable and parser is not None:
+            output = parser.parse_args().output_dir
+            found = load_checkpoint(output)
+            if found is not None:
+                message += (
+                    f"; the checkpoint in {output} holds step {found[0]}: run the same "
+                    "command again to resume from it"
+                )
+            else:
+                message += f"; no checkpoint in {output} yet: run the same command to start again"
+        elif resumable is False:
+            message += " (this example keeps no checkpoint: run it again to start over)"
+        print(message, file=sys.stderr)
+        sys.exit(130)
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile, UnicodeDecodeError, ValueError) as error:
+        if os.environ.get("EXAMPLES_TRACEBACK"):
+            raise
+        source = getattr(parser.parse_args(), "source", None) if parser is not None else None
+        where = f" (--source {source})" if source else ""
+        sys.exit(
+            f"{program}: error{where}: {type(error).__name__}: {error} "
+            "(EXAMPLES_TRACEBACK=1 shows where)"
+        )
 
 
 def backend_option(parser):
@@ -701,6 +780,18 @@ def check_resumed_config(saved, config, directory, honoured=()):
             + "\nRun with the checkpoint's options to resume it, or start over "
             "with --fresh or another --output-dir."
         )
+
+
+def trained_line(trained, seconds, steps, output):
+    """The line a training run prints when `fit` returns: the steps and
+    seconds, or, for a run that found its checkpoint already at its last
+    step, that there was nothing to train and what would train more."""
+    if trained:
+        return f"trained {trained} steps in {seconds:.1f} s"
+    return (
+        f"nothing to train: the checkpoint in {output} is at step {steps}, the last of "
+        f"--steps {steps} (a larger --steps trains further, --fresh starts over)"
+    )
 
 
 def resumed_step(model, saved_step):

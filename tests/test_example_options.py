@@ -71,6 +71,8 @@ BAD = [
     ("translation/translate.py", ["--sampling", "top_k", "Hi."], "--sampling", "'top_k'"),
     ("translation/translate.py", [""], "sentences", "''"),
     ("translation/translate.py", [], "sentences", "required"),
+    ("bert_mlm/fill_mask.py", ["the cat sat"], "sentences", "'the cat sat'"),
+    ("bert_mlm/fill_mask.py", ["--top-k", "0", "the [MASK] sat"], "--top-k", "'0'"),
     ("hard_attention/train.py", ["--steps", "-5"], "--steps", "'-5'"),
     ("hard_attention/train.py", ["--method", "argmax"], "--method", "'argmax'"),
 ]
@@ -91,7 +93,8 @@ def test_a_bad_option_is_one_line_naming_it_before_keras_loads(script, args, opt
 @pytest.mark.parametrize(
     "script",
     ["demo/train.py", "gpt_lm/train.py", "gpt_lm/sample.py", "bert_mlm/train.py",
-     "translation/train.py", "translation/translate.py", "hard_attention/train.py"],
+     "translation/train.py", "translation/translate.py", "hard_attention/train.py",
+     "bert_mlm/fill_mask.py"],
 )
 def test_help_answers_before_keras_loads(script):
     result = _run_without_keras(script, "--help")
@@ -115,6 +118,7 @@ def _model_file(path, class_name):
         ("gpt_lm/sample.py", [], None, "holds no trained model (no model.keras)"),
         ("gpt_lm/sample.py", [], "corrupt", "is not a readable Keras model file"),
         ("translation/translate.py", ["Hi."], "missing", "does not exist"),
+        ("bert_mlm/fill_mask.py", ["the [MASK]"], "GPT", "holds a GPT model, not a BertMaskedLM"),
     ],
 )
 def test_a_model_folder_of_the_wrong_kind_is_named(tmp_path, script, args, kind, expected):
@@ -153,3 +157,66 @@ def test_steps_not_a_multiple_of_the_interval_is_named(capsys):
         parser, parser.parse_args(["--tiny", "--steps", "9"]), gpt_train.PRESETS, gpt_train.Config
     )
     assert (config.steps, config.eval_interval) == (9, 3)
+
+
+def test_backend_option_reaches_keras_and_tensorflow_says_nothing():
+    """`--backend jax` picks JAX although TensorFlow (imported first, for
+    the pipelines) imports Keras; TensorFlow's C++ start-up lines, written
+    before its log level is read, do not reach the terminal."""
+    code = (
+        "import sys; sys.path.insert(0, 'examples'); import common\n"
+        "parser = common.OptionParser(); common.backend_option(parser)\n"
+        "common.select_backend(['--backend', 'jax'], parser=parser)\n"
+        "import keras; print(keras.backend.backend(), 'tensorflow' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["jax", "True"]
+    assert result.stderr == ""
+
+
+def _fake_checkpoint(folder, step):
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "checkpoint" / "state.json").write_text(json.dumps({"step": step, "config": {}}))
+
+
+def test_ctrl_c_says_how_to_resume_and_data_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    common = harness.load_module(EXAMPLES / "common.py", "examples_common_run")
+    parser = common.training_parser("test", str(tmp_path / "run"))
+    monkeypatch.setattr(sys, "argv", ["train.py", "--output-dir", str(tmp_path / "run")])
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        common.run(interrupted, parser, resumable=True)
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip() == (
+        f"train.py: interrupted; no checkpoint in {tmp_path / 'run'} yet: run the same "
+        "command to start again"
+    )
+    _fake_checkpoint(tmp_path / "run", 250)
+    with pytest.raises(SystemExit):
+        common.run(interrupted, parser, resumable=True)
+    assert capsys.readouterr().err.strip() == (
+        f"train.py: interrupted; the checkpoint in {tmp_path / 'run'} holds step 250: run "
+        "the same command again to resume from it"
+    )
+
+    corrupt = tmp_path / "corpus.txt.gz"
+    corrupt.write_bytes(b"\x1f\x8b" + b"\x00" * 20)  # a gzip header, then nothing valid
+
+    def reads_the_corpus():
+        common.load_text(corrupt)
+
+    monkeypatch.setattr(sys, "argv", ["train.py", "--source", str(tmp_path / "run" / "checkpoint" / "state.json")])
+    monkeypatch.delenv("EXAMPLES_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        common.run(reads_the_corpus, parser, resumable=True)
+    message = str(exit_info.value.code)
+    assert "\n" not in message and message.startswith("train.py: error (--source ")
+    assert "EXAMPLES_TRACEBACK=1" in message

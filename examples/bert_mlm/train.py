@@ -271,7 +271,7 @@ def train(model, config, datasets, output, start_step):
             verbose=0,
         )
     seconds = time.perf_counter() - start
-    print(f"trained {config.steps - start_step} steps in {seconds:.1f} s", flush=True)
+    print(common.trained_line(config.steps - start_step, seconds, config.steps, output), flush=True)
     return seconds
 
 
@@ -528,4 +528,4 @@ def _run(args, config, output, checkpoint, start_step, datasets, began):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=True)

@@ -95,4 +95,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=None)

@@ -443,7 +443,7 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, evalu
         )
     trained = config.steps - start_step
     seconds = time.perf_counter() - start
-    print(f"trained {trained} steps in {seconds:.1f} s")
+    print(common.trained_line(trained, seconds, config.steps, output))
     model.save(output / "model.keras")
     data.save_tokenizer(tokenizer, output / "tokenizer.json")
     # With `eval_batches`, the estimate at the last step: the windows the
@@ -487,4 +487,4 @@ def print_summary(config, trained, wall, checkpointer, evaluation):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=True)

@@ -283,4 +283,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=False)

@@ -332,7 +332,7 @@ def train(model, config, datasets, output, start_step):
             verbose=0,
         )
     seconds = time.perf_counter() - start
-    print(f"trained {config.steps - start_step} steps in {seconds:.1f} s")
+    print(common.trained_line(config.steps - start_step, seconds, config.steps, output))
     return seconds
 
 
@@ -507,4 +507,4 @@ def _run(args, config, output, checkpoint, start_step, datasets):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=True)
