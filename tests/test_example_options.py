@@ -31,12 +31,20 @@ RUNNER = (
 )
 
 
-def _run_without_keras(script, *args, cwd=ROOT):
+def _python(code, *args, **environment):
+    """Runs `python -c code args` from the repository root; `environment`
+    overrides the variables (`None` removes one)."""
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    for name, value in environment.items():
+        env.pop(name) if value is None else env.__setitem__(name, value)
     return subprocess.run(
-        [sys.executable, "-c", RUNNER, str(EXAMPLES / script), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=60,
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120,
     )
+
+
+def _run_without_keras(script, *args):
+    return _python(RUNNER, str(EXAMPLES / script), *args)
 
 
 BAD = [
@@ -169,11 +177,7 @@ def test_backend_option_reaches_keras_and_tensorflow_says_nothing():
         "common.select_backend(['--backend', 'jax'], parser=parser)\n"
         "import keras; print(keras.backend.backend(), 'tensorflow' in sys.modules)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120,
-    )
+    result = _python(code, KERAS_BACKEND=None)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["jax", "True"]
     assert result.stderr == ""

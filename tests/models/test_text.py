@@ -28,20 +28,29 @@ MERGES = ["Ġ a", "Ġ b", "Ġ c"]
 BERT_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat"]
 
 
+def _saved_preset(tmp_path_factory, name, seed, backbone, task_class, preprocessor, **sizes):
+    """A small randomly initialized KerasHub task saved as a local preset:
+    `(folder, task)`, a generating task compiled with greedy sampling."""
+    keras.utils.set_random_seed(seed)
+    backbone = backbone(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
+                        max_sequence_length=16, **sizes)
+    task = task_class(backbone=backbone, preprocessor=preprocessor)
+    folder = tmp_path_factory.mktemp(name)
+    task.save_to_preset(folder)
+    if hasattr(task, "generate"):
+        task.compile(sampler="greedy")
+    return folder, task
+
+
 @pytest.fixture(scope="module")
 def gpt_preset(tmp_path_factory):
-    keras.utils.set_random_seed(3)
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=GPT2_VOCABULARY, merges=MERGES)
-    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer=tokenizer, sequence_length=10)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=len(GPT2_VOCABULARY), num_layers=1, num_heads=2, hidden_dim=8,
-        intermediate_dim=16, max_sequence_length=16,
+    return _saved_preset(
+        tmp_path_factory, "gpt2_preset", 3, keras_hub.models.GPT2Backbone,
+        keras_hub.models.GPT2CausalLM,
+        keras_hub.models.GPT2CausalLMPreprocessor(tokenizer=tokenizer, sequence_length=10),
+        vocabulary_size=len(GPT2_VOCABULARY),
     )
-    task = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
-    folder = tmp_path_factory.mktemp("gpt2_preset")
-    task.save_to_preset(folder)
-    task.compile(sampler="greedy")
-    return folder, task
 
 
 def _keras_hub_greedy_text(task, prompts, max_length):
@@ -157,17 +166,13 @@ def test_compile_without_a_loss_trains_with_the_from_logits_loss():
 
 @pytest.fixture(scope="module")
 def bert_preset(tmp_path_factory):
-    keras.utils.set_random_seed(4)
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=BERT_VOCABULARY)
-    preprocessor = keras_hub.models.BertMaskedLMPreprocessor(tokenizer=tokenizer, sequence_length=12)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(BERT_VOCABULARY), num_layers=1, num_heads=2, hidden_dim=8,
-        intermediate_dim=16, max_sequence_length=16,
+    return _saved_preset(
+        tmp_path_factory, "bert_preset", 4, keras_hub.models.BertBackbone,
+        keras_hub.models.BertMaskedLM,
+        keras_hub.models.BertMaskedLMPreprocessor(tokenizer=tokenizer, sequence_length=12),
+        vocabulary_size=len(BERT_VOCABULARY),
     )
-    task = keras_hub.models.BertMaskedLM(backbone=backbone, preprocessor=preprocessor)
-    folder = tmp_path_factory.mktemp("bert_preset")
-    task.save_to_preset(folder)
-    return folder, task
 
 
 def test_bert_from_preset_fills_masks_in_text(bert_preset):
@@ -209,20 +214,14 @@ def test_bert_ids_without_preprocessor_need_the_mask_id():
 
 @pytest.fixture(scope="module")
 def bart_preset(tmp_path_factory):
-    keras.utils.set_random_seed(5)
     tokenizer = keras_hub.models.BartTokenizer(vocabulary=BART_VOCABULARY, merges=MERGES)
     preprocessor = keras_hub.models.BartSeq2SeqLMPreprocessor(
         tokenizer=tokenizer, encoder_sequence_length=10, decoder_sequence_length=8
     )
-    backbone = keras_hub.models.BartBackbone(
-        vocabulary_size=len(BART_VOCABULARY), num_layers=1, num_heads=2, hidden_dim=8,
-        intermediate_dim=16, max_sequence_length=16,
+    return _saved_preset(
+        tmp_path_factory, "bart_preset", 5, keras_hub.models.BartBackbone,
+        keras_hub.models.BartSeq2SeqLM, preprocessor, vocabulary_size=len(BART_VOCABULARY),
     )
-    task = keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=preprocessor)
-    folder = tmp_path_factory.mktemp("bart_preset")
-    task.save_to_preset(folder)
-    task.compile(sampler="greedy")
-    return folder, task
 
 
 def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
