@@ -11,6 +11,8 @@ layer side by side with matplotlib, an optional dependency imported only when
 a plot is drawn.
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -32,7 +34,7 @@ def _has_attention(model):
     )
 
 
-def capture_attention(model, *args, **kwargs):
+def capture_attention(model: keras.layers.Layer, *args: Any, **kwargs: Any) -> list:
     """Runs `model(*args, **kwargs)` once and returns every attention map.
 
     Every attention layer of the package inside `model` records the weights

@@ -94,3 +94,21 @@ def test_quick_start_tf_data_form_runs_on_the_current_backend():
     after = namespace["model"].get_weights()
     assert any(not np.allclose(a, b) for a, b in zip(weights, after))
     assert np.isfinite(namespace["model"].history.history["loss"][-1])
+
+
+def test_public_functions_carry_type_hints():
+    import inspect
+
+    from keras_attention import losses, masking, scoring, visualization
+    from keras_attention.models import GPT, Seq2SeqTransformer
+
+    for function in (
+        masking.causal_mask, masking.padding_mask, masking.merge_masks, masking.standardize_mask,
+        scoring.get, losses.reinforce_loss, visualization.capture_attention,
+        GPT.from_preset, GPT.compile, Seq2SeqTransformer.translate,
+    ):
+        signature = inspect.signature(function)
+        assert signature.return_annotation is not inspect.Signature.empty, function
+        for name, parameter in signature.parameters.items():
+            if name not in ("self", "cls"):
+                assert parameter.annotation is not inspect.Parameter.empty, (function, name)

@@ -22,12 +22,13 @@ Shape legend: `B` batch, `P` prompt length, `T` length.
 """
 
 import os
+from typing import Any
 
 import keras
 import numpy as np
 
 
-def import_keras_hub(feature):
+def import_keras_hub(feature: str) -> Any:
     """`keras_hub`, or an `ImportError` saying that `feature` needs it."""
     try:
         import keras_hub
@@ -39,7 +40,7 @@ def import_keras_hub(feature):
     return keras_hub
 
 
-def is_text(value):
+def is_text(value: Any) -> bool:
     """Whether `value` is a string or a non-empty list or array of strings."""
     if isinstance(value, str):
         return True
@@ -111,7 +112,7 @@ class TextModel:
             return
         super().__setattr__(name, value)
 
-    def require_preprocessor(self, method):
+    def require_preprocessor(self, method: str) -> Any:
         """The preprocessor, or a `ValueError` saying how `method` gets one."""
         if self.preprocessor is None:
             name = type(self).__name__
@@ -123,7 +124,9 @@ class TextModel:
         return self.preprocessor
 
     @classmethod
-    def from_preset(cls, preset, load_weights=True, **kwargs):
+    def from_preset(
+        cls, preset: str | os.PathLike, load_weights: bool = True, **kwargs: Any
+    ) -> "TextModel":
         """The model of a KerasHub preset, with its preprocessor.
 
         Loads the preset as KerasHub's task (`keras_hub.models.<task>
@@ -153,7 +156,7 @@ class TextModel:
         model.preprocessor = task.preprocessor
         return model
 
-    def compile(self, optimizer="rmsprop", loss="auto", **kwargs):
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = "auto", **kwargs: Any) -> None:
         """`keras.Model.compile`, with `loss="auto"` by default: the sparse
         categorical cross-entropy of the logits (`from_logits=True`), as
         KerasHub's tasks compile. `loss=None` is refused: the model adds no
@@ -411,7 +414,10 @@ class TranslationTextModel(TextModel):
 
     keras_hub_task = "Seq2SeqLM"
 
-    def translate(self, texts, max_length=None, sampling="greedy", **kwargs):
+    def translate(
+        self, texts: str | list[str], max_length: int | None = None, sampling: str = "greedy",
+        **kwargs: Any,
+    ) -> str | list[str]:
         """The translations of `texts` (a string or a list of strings), as text.
 
         Needs a `preprocessor` (`from_preset` sets it; for two vocabularies,
