@@ -245,7 +245,7 @@ def worker(args):
                 # In its own rounds: 100 to 300 times as long as a cached
                 # call, it evicts the caches the call after it finds, and in
                 # one round with the others it made our greedy calls (which
-                # came next) about 1.7 times as slow (benchmarks/README.md).
+                # came next) about 1.7 times as slow.
                 uncached = _interleaved(
                     {
                         "ours": our_generate(new, "ours"),

@@ -49,16 +49,6 @@ def write_packed(cache, update, index):
     return ops.slice_update(cache, [0, 0, index, 0, 0], ops.cast(update, cache.dtype))
 
 
-def hide(cache, mask):
-    """`cache` `(B, 2, S, G, K)` with the positions `mask` `(B, S)` hides
-    (False) set to 0, so that a non-finite value there can reach no query
-    of a step that attends without guards (`backend.block_step`)."""
-    if mask is None:
-        return cache
-    visible = ops.cast(mask, "bool")[:, None, :, None, None]  # (B, 1, S, 1, 1)
-    return ops.where(visible, cache, ops.zeros_like(cache))
-
-
 def length(cache):
     """The number of slots `L` (static if known) of one layer's cache."""
     static = cache.shape[2]

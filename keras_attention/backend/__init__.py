@@ -8,9 +8,9 @@ defaults they share and serves any other backend). What each backend prefers
 is declared as data, `Preferences` in `common.py`, so that the kernel choice
 (`keras_attention.kernels.choice`) reads as a table.
 
-A fast path decides what it can run from an allow-list and returns `None`
-otherwise, so a new option is safe by default: the caller falls back to the
-portable layers.
+It holds tensor primitives only (projections, norms, activations, dropout
+masks, attention kernels, custom gradients, loop compilation) and imports
+nothing from the layers or models: every model runs its layers' own code.
 """
 
 import importlib
@@ -153,8 +153,7 @@ def dropout_attention(q, k, v, mask, scale, rate, seed):
 def argmax(x):
     """The index of the largest value along the last axis, the first one
     on ties, NaN counting as the largest (as numpy's, JAX's and torch's
-    argmax; TensorFlow's skips NaN): through plain reductions under XLA
-    (`common.first_argmax`), `ops.argmax` on torch."""
+    argmax; TensorFlow's skips NaN: its own from plain reductions)."""
     return current().argmax(x)
 
 
@@ -163,89 +162,16 @@ def stateless_uniform(like, seed, step):
     return current().stateless_uniform(like, seed, step)
 
 
-def compile_decoding(loop, variables, fast_step=None, rows=None):
+def compile_decoding(loop, variables):
     """A decoding loop made into the backend's fastest callable, which
     returns the loop's outputs as tensors or (on JAX) numpy arrays.
 
     Args:
-        loop: `loop(*args, step=None)`, written in `keras.ops`; `step=None`
-            means the model's own (Keras layers) step.
-        variables: the model's variables, which the loop reads.
-        fast_step: optional zero-argument function returning the model's
-            step outside the layers (`decoder_step`, `block_step`) or None,
-            asked once per call (inside the trace where the loop compiles)
-            so that it sees the current weights.
-        rows: the rows each step computes (sources times hypotheses), or
-            None; on JAX a CPU compiles a one-row loop with other XLA
-            options.
+        loop: `loop(*args)`, written in `keras.ops` over the model's layers.
+        variables: the model's variables, which the loop reads (JAX passes
+            their current values to the compiled function at every call).
     """
-    return current().compile_decoding(loop, variables, fast_step, rows)
-
-
-def decoder_step(embedding, blocks, final_norm):
-    """A one-token step of a decoder outside the layers, or None: in plain
-    torch on torch, in `keras.ops` with fewer kernels elsewhere
-    (`compiled_steps`).
-
-    `step(token_ids, caches, index) -> (logits, caches)` with the contract of
-    `GPT._call_with_layer_caches`; None where the backend has none or the
-    layers' configuration is not on its allow-list.
-    """
-    return current().decoder_step(embedding, blocks, final_norm)
-
-
-def block_step(block):
-    """A decoder block's cached step outside the layers, or None (as
-    `decoder_step`).
-
-    `step(x, self_cache, index, cross_cache=None, cross_mask=None) -> (x,
-    self_cache)`, computing what `block(x, self_attention_cache=...,
-    cross_attention_cache=..., encoder_padding_mask=cross_mask)` computes
-    for one new position.
-    """
-    return current().block_step(block)
-
-
-def stack_forward(
-    blocks, x, use_causal_mask, training, padding_mask=None, memory=None, memory_mask=None
-):
-    """Encoder or decoder blocks applied to a whole sequence outside the
-    layers, or None.
-
-    `x` `(B, T, D)` -> `(B, T, D)`, what `block(x, ...)` over the blocks in
-    turn computes with `padding_mask` `(B, T)` (None: no padding) on the
-    self-attention, causal when `use_causal_mask`, cross-attention over
-    `memory` `(B, S, D)` (None: none) with `memory_mask` `(B, S)`, and
-    `training`; no attention masks or caches (the caller sends those to the
-    layers). Differentiable as the layers are, with dropout drawn as the
-    layers draw it. On torch, where Keras runs a model eagerly and a
-    layer's call costs more than its arithmetic at small sizes, the blocks'
-    arithmetic in plain torch; None for an empty `blocks`, where a block's
-    options are off the allow-list (`allow_lists.sequence_options_allowed`),
-    its call would add to its arithmetic, the output is not finite, or on a
-    backend that compiles its steps (TensorFlow, JAX: nothing to spare).
-    """
-    return current().stack_forward(
-        blocks, x, use_causal_mask, training, padding_mask, memory, memory_mask
-    )
-
-
-def decoder_forward(
-    embedding, blocks, final_norm, token_ids, training, embedding_dropout=None
-):
-    """A decoder-only model's logits outside the layers, or None.
-
-    `token_ids` `(B, T)` -> logits `(B, T, V)`: the learned token and
-    position embedding (`embedding`, a `TokenAndPositionEmbedding` with tied
-    logits), `embedding_dropout` (a dropout layer or None) in training, the
-    causal `blocks` (as `stack_forward`), `final_norm` (or None) and the
-    tied output projection; what `GPT.call` computes without a padding
-    mask. None where `stack_forward` gives None or the embedding is off its
-    allow-list (`mask_zero` included: its mask would reach the blocks).
-    """
-    return current().decoder_forward(
-        embedding, blocks, final_norm, token_ids, training, embedding_dropout
-    )
+    return current().compile_decoding(loop, variables)
 
 
 __all__ = [
@@ -253,19 +179,15 @@ __all__ = [
     "Preferences",
     "all_finite",
     "argmax",
-    "block_step",
     "compile_decoding",
     "current",
     "custom_vjp",
-    "decoder_forward",
-    "decoder_step",
     "fori_loop",
     "dropout",
     "dropout_attention",
     "kernel_dtype",
     "linear",
     "preferences",
-    "stack_forward",
     "stateless_uniform",
     "unless_nonfinite",
     "when_finite",

@@ -10,8 +10,6 @@ import dataclasses
 import keras
 from keras import ops
 
-from keras_attention.backend import compiled_steps
-
 
 @dataclasses.dataclass(frozen=True)
 class Preferences:
@@ -54,25 +52,6 @@ class Preferences:
         causal_tiles: whether chunked causal attention runs in square tiles
             below the diagonal, one loop each way (`kernels.chunked._Tiles`),
             instead of query chunks in bands.
-        absorb_cross_attention: when a translation's compiled decoding
-            step folds each source's cross-attention keys and values into
-            the query and output kernels once per call
-            (`compiled_steps.absorbed_cross_cache`: two products a step
-            instead of four), where that is no more arithmetic: `"always"`,
-            `"beam_search"` (where a source's hypotheses share the folded
-            kernels) or `"never"`.
-        top_k_block: beam search's choice of the best `2K` of a source's
-            `K V` candidates in two `top_k`s, over the maxima of blocks of
-            this many candidates and then over the elements of the best
-            blocks (`models.beam_search.top_k`), where a backend's `top_k`
-            over the whole row costs more; 0 for one `top_k`.
-        beam_windows_in_slots: whether beam search on a step with caches of
-            its own layout (`compiled_steps`' grouped layout, where a
-            hypothesis attends over its source's `E` rows, `E` slots a
-            position) sizes its cache windows in slots, the first
-            `cache_windows.FIRST_WINDOW / E` positions long, instead of in
-            positions: less attention arithmetic in the early steps, at the
-            price of compiling the step once more per phase.
     """
 
     blocked: str = "never"
@@ -87,9 +66,6 @@ class Preferences:
     dropout_kernel: bool = False
     cache_windows: bool = False
     causal_tiles: bool = False
-    absorb_cross_attention: str = "never"
-    top_k_block: int = 0
-    beam_windows_in_slots: bool = False
 
 
 PREFERENCES = Preferences()
@@ -203,52 +179,11 @@ def argmax(x):
     return ops.argmax(x, axis=-1)
 
 
-def first_argmax(x):
-    """`argmax` over the last axis from plain reductions: the largest
-    value, then the first index holding it; in a row with a NaN, the first
-    NaN (NaN counts as the largest, as in numpy's argmax).
-
-    XLA's CPU compiler emits an argmax as one reduction over (value, index)
-    pairs, which it does not vectorize: over 1,000 logits it took 4.7 us
-    against 1.9 us for these reductions (the largest, whether any is NaN,
-    the first hit; JAX, one row, in a compiled loop), about 7% of a greedy
-    decoding step of benchmarks/seq2seq_speed.py's model.
-    """
-    largest = ops.max(x, axis=-1, keepdims=True)
-    nan = ops.isnan(x)
-    hit = ops.where(ops.any(nan, axis=-1, keepdims=True), nan, x == largest)
-    size = x.shape[-1]
-    positions = ops.arange(size, dtype="int32")
-    return ops.min(ops.where(hit, positions, size), axis=-1)
-
-
 def stateless_uniform(like, seed, step):
     raise NotImplementedError(
         "Stateless sampling needs the tensorflow, jax or torch backend."
     )
 
 
-def compile_decoding(loop, variables, fast_step=None, rows=None):
-    def function(*args):
-        return loop(*args, step=None if fast_step is None else fast_step())
-
-    return function
-
-
-# The steps in `keras.ops`, for the loops a compiler traces (and where the
-# loop runs eagerly, fewer operations too).
-decoder_step = compiled_steps.decoder_step
-block_step = compiled_steps.block_step
-
-
-def stack_forward(
-    blocks, x, use_causal_mask, training, padding_mask=None, memory=None, memory_mask=None
-):
-    # A compiled train step has no per-layer call cost to spare.
-    return None
-
-
-def decoder_forward(
-    embedding, blocks, final_norm, token_ids, training, embedding_dropout=None
-):
-    return None
+def compile_decoding(loop, variables):
+    return loop

@@ -25,6 +25,7 @@ four in between.
 
 import numpy as np
 import tensorflow as tf
+from keras import ops
 
 from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
@@ -38,22 +39,31 @@ PREFERENCES = Preferences(
     repeat_single_key_value_head=True,
     cache_windows=True,
     causal_tiles=True,
-    absorb_cross_attention="always",
 )
 
 linear = common.linear
 layer_norm = common.layer_norm
-argmax = common.first_argmax
 unless_nonfinite = common.unless_nonfinite
 all_finite = common.all_finite
 dropout = common.dropout
 dropout_attention = common.dropout_attention
 when_finite = common.when_finite
 kernel_dtype = common.kernel_dtype
-decoder_step = common.decoder_step
-block_step = common.block_step
-stack_forward = common.stack_forward
-decoder_forward = common.decoder_forward
+
+
+def argmax(x):
+    """`argmax` over the last axis from plain reductions: the largest
+    value, then the first index holding it; in a row with a NaN, the first
+    NaN (NaN counts as the largest, as in numpy's, JAX's and torch's
+    argmax; TensorFlow's own skips NaN).
+    """
+    largest = ops.max(x, axis=-1, keepdims=True)
+    nan = ops.isnan(x)
+    hit = ops.where(ops.any(nan, axis=-1, keepdims=True), nan, x == largest)
+    size = x.shape[-1]
+    positions = ops.arange(size, dtype="int32")
+    return ops.min(ops.where(hit, positions, size), axis=-1)
+
 
 
 def gelu(x):
@@ -106,37 +116,22 @@ def stateless_uniform(like, seed, step):
     )
 
 
-def compile_decoding(loop, variables, fast_step=None, rows=None):
+def compile_decoding(loop, variables):
     # XLA fuses a step's few hundred small ops: without it the graph
     # executor's per-op overhead is most of a step on a CPU.
-    def traced(*args):
-        return loop(*args, step=None if fast_step is None else fast_step())
-
-    function = tf.function(traced, jit_compile=True, autograph=False)
+    function = tf.function(loop, jit_compile=True, autograph=False)
     concrete = {}
 
     def call(*args):
         # The concrete function of the arguments' shapes and dtypes, called
         # directly: `tf.function`'s own dispatch (canonicalizing, hashing and
-        # looking up the call's type) took 0.3-0.5 ms a call on a 2-core CPU,
-        # a sixth of a 32-token translation (benchmarks/README.md).
+        # looking up the call's type) is a large part of a short call
+        # (benchmarks/seq2seq_speed.py).
         if not all(isinstance(a, (np.ndarray, np.generic)) for a in args):
             return function(*args)
         key = tuple((a.shape, a.dtype.str) for a in args)
         if key not in concrete:
             concrete[key] = function.get_concrete_function(*args)
-        return _call_concrete(concrete[key], args)
+        return concrete[key](*args)
 
     return call
-
-
-def _call_concrete(function, args):
-    """`function(*args)` for numpy arguments of its signature's shapes and
-    dtypes, through its flat call where TensorFlow has one: binding them to
-    the structured signature (canonicalizing, casting and checking each)
-    took 0.57 ms of a 3.6 ms one-token translation at batch 1 on a 2-core
-    CPU (benchmarks/README.md)."""
-    call_flat = getattr(function, "_call_flat", None)
-    if call_flat is None:
-        return function(*args)
-    return call_flat([tf.constant(a) for a in args], function.captured_inputs)

@@ -32,7 +32,6 @@ from keras_attention.kernels import explicit
 from keras_attention.kernels import fused as fused_kernels
 from keras_attention.kernels.choice import choose_kernel
 from keras_attention.kernels.choice import takes_fused
-from keras_attention.kernels.recording import is_observed
 from keras_attention.kernels.recording import is_recording
 from keras_attention.kernels.recording import is_tracing
 from keras_attention.kernels.recording import record
@@ -168,7 +167,6 @@ __all__ = [
     "as_rank4",
     "attention",
     "choose_kernel",
-    "is_observed",
     "is_recording",
     "is_tracing",
     "recording",

@@ -40,10 +40,7 @@ _TRACERS = []
 def tracing():
     """Collects `(owner, choice)` for every core call: which kernel ran, and
     the row of `choice.py`'s table that chose it. Under a compiler the choice
-    is made once, when the function is traced. While a tracing is open the
-    passes outside the layers stand aside (`backend.stack_forward`,
-    `backend.decoder_forward`), as for `recording()`: every attention layer
-    then calls the core."""
+    is made once, when the function is traced."""
     choices = []
     _TRACERS.append(choices)
     try:
@@ -55,12 +52,6 @@ def tracing():
 def is_tracing():
     """Whether a `tracing()` is open."""
     return bool(_TRACERS)
-
-
-def is_observed():
-    """Whether a `recording()` or a `tracing()` is open: what the passes
-    outside the layers check before they run."""
-    return is_recording() or is_tracing()
 
 
 def trace(owner, choice):

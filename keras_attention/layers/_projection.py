@@ -16,12 +16,18 @@ import keras
 from keras import ops
 
 from keras_attention import backend
-from keras_attention.backend import allow_lists
+
+
+def plain(dense):
+    """Whether `dense`'s kernel is a plain weight (not quantized, no LoRA),
+    which a projection may read directly; otherwise the projection is the
+    sublayer's own call."""
+    return dense.quantization_mode is None and not dense.lora_enabled
 
 
 def takes_linear(dense):
     """Whether `dense` is better called as one `backend.linear`."""
-    return backend.preferences().linear_projections and allow_lists.plain(dense)
+    return backend.preferences().linear_projections and plain(dense)
 
 
 def dense_call(dense, x):
@@ -91,7 +97,7 @@ def project_self(query_dense, key_dense, value_dense, x):
 
 def fusable(denses, width):
     """Whether the kernels can be concatenated (plain, reading `width`)."""
-    return all(allow_lists.plain(d) and d.kernel.shape[0] == width for d in denses)
+    return all(plain(d) and d.kernel.shape[0] == width for d in denses)
 
 
 def einsum_dense(layer, equation, output_shape, bias_axes, name, activation=None):

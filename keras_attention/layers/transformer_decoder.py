@@ -7,8 +7,6 @@ blocks.
 
 import keras
 
-from keras_attention import backend
-from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
@@ -109,29 +107,6 @@ class TransformerDecoder(TransformerStack):
             )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
         x = decoder_sequence
-        if (
-            cross_attention_cache is None
-            and self_attention_cache is None
-            and self_attention_cache_update_index is None
-            and cross_attention_cache_update_index is None
-            and decoder_attention_mask is None
-            and encoder_attention_mask is None
-            and not return_attention_scores
-            and not kernels.is_observed()
-        ):
-            # The stack on whole sequences, padding masks at most: the
-            # backend's own pass where it has one (torch: the layers' call
-            # machinery is most of an eager step at small sizes).
-            output = backend.stack_forward(
-                self.blocks, x, use_causal_mask, training,
-                padding_mask=decoder_padding_mask,
-                memory=encoder_sequence,
-                memory_mask=encoder_padding_mask if has_cross else None,
-            )
-            if output is not None:
-                if self.output_layer_norm is not None:
-                    output = self.output_layer_norm(output)
-                return output
         self_weights, cross_weights = [], []
         self_caches, cross_caches = [], []
         for i, block in enumerate(self.blocks):

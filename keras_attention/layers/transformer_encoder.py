@@ -5,8 +5,6 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 
 import keras
 
-from keras_attention import backend
-from keras_attention import kernels
 from keras_attention import masking
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
@@ -89,26 +87,8 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
         )
         if output_positions is not None:
             output_positions = check_positions(output_positions, inputs)
-        x, start = inputs, 0
-        if (
-            attention_mask is None
-            and not return_attention_scores
-            and not kernels.is_observed()
-            # With output positions the last block goes through its layer,
-            # which also gives the rows of an input's Keras mask: none here.
-            and (output_positions is None or masking.implicit_mask(inputs) is None)
-        ):
-            # The backend's own pass where it has one (torch: the layers'
-            # call machinery is most of an eager step at small sizes), over
-            # every block that computes all rows.
-            passed = self.blocks if output_positions is None else self.blocks[:-1]
-            output = backend.stack_forward(
-                passed, inputs, False, training, padding_mask=padding_mask
-            )
-            if output is not None:
-                x, start = output, len(passed)
-        weights = []
-        for i, block in enumerate(self.blocks[start:], start):
+        x, weights = inputs, []
+        for i, block in enumerate(self.blocks):
             last = i == len(self.blocks) - 1
             x, *extra = as_tuple(
                 block(

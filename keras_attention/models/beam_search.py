@@ -21,16 +21,14 @@ reordered after each step to follow the hypotheses that survive: every leaf
 by default, or what the model's `reorder` takes (parts that are the same for
 every beam of a source, such as a translation model's cross-attention keys
 and values, need no reordering: a hypothesis only ever moves within its
-source's rows). A step with caches of its own layout reorders them its own
-way (the translation model's grouped step moves only an ancestry, which
-says where each hypothesis's history lies: `backend.compiled_steps`).
+source's rows).
 """
 
 import keras
 from keras import ops
 
-from keras_attention import backend
 from keras_attention.models import cache_windows
+from keras_attention.models import sampling
 
 NEGATIVE = -1e30  # a finite "minus infinity": arithmetic on it stays finite
 
@@ -40,42 +38,9 @@ def take_rows(caches, rows):
     return keras.tree.map_structure(lambda cache: ops.take(cache, rows, axis=0), caches)
 
 
-def top_k(values, k, block=None):
-    """`ops.top_k(values, k)` for `values` `(B, N)`: the same values and
-    indices, ties to the lower index.
-
-    With `block` (by default the backend's `Preferences.top_k_block`),
-    where `N` holds at least `4 k` blocks, it goes through blocks of `block`
-    elements: the `k` best elements lie in the `k` blocks of the highest
-    maxima (ties to the lower block). Each of those blocks holds an element
-    ranked above every element of a block left out: its maximum, at least
-    as large, and from a lower block where equal. So one `top_k` over the
-    `B` rows of block maxima and one over the `k block` elements of the
-    chosen blocks, in their order, give what one over all `N` gives. On a
-    CPU, XLA's `top_k` over 4,000 candidates (4 beams of a vocabulary of
-    1,000) took 15 us a source, the two 6 (benchmarks/README.md).
-    """
-    if block is None:
-        block = backend.preferences().top_k_block
-    rows, size = values.shape
-    if not block or size < 4 * k * block:
-        return ops.top_k(values, k=k)
-    blocks = -(-size // block)
-    padding = blocks * block - size
-    if padding:  # at the end, below every element: never taken before one
-        values = ops.pad(values, ((0, 0), (0, padding)), constant_values=float("-inf"))
-    grouped = ops.reshape(values, (rows, blocks, block))
-    _, chosen = ops.top_k(ops.max(grouped, axis=-1), k=k)  # (B, k)
-    chosen = ops.sort(chosen, axis=-1)  # in index order, for the ties
-    candidates = ops.take_along_axis(grouped, chosen[:, :, None], axis=1)
-    best, where = ops.top_k(ops.reshape(candidates, (rows, k * block)), k=k)
-    index = ops.take_along_axis(chosen, where // block, axis=1) * block + where % block
-    return best, index
-
-
 def beam_search(
     step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
-    length_penalty, reorder=take_rows, phases=None, batch=None,
+    length_penalty, reorder=take_rows, phases=None, batch=None, excluded=None,
 ):
     """The `K` best hypotheses per source and their scores.
 
@@ -98,6 +63,7 @@ def beam_search(
             of length `L`.
         batch: the number of sources `B`; by default the rows of the
             caches' first leaf over `K` (caches of `B K` rows).
+        excluded: optional id never chosen (`generation.decode`'s).
 
     Returns:
         `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
@@ -128,14 +94,16 @@ def beam_search(
         logits, caches = step(tokens, caches, i)  # (B K, 1, V)
         logits = ops.cast(logits[:, -1], "float32")
         vocabulary = logits.shape[-1]
+        # The model's log-probabilities; an excluded token is never chosen.
         token_log_prob = ops.reshape(
-            ops.log_softmax(logits, axis=-1), (batch, beams, vocabulary)
+            sampling.exclude(ops.log_softmax(logits, axis=-1), excluded, NEGATIVE),
+            (batch, beams, vocabulary),
         )
         candidates = ops.reshape(
             log_prob[:, :, None] + token_log_prob, (batch, beams * vocabulary)
         )  # (B, K V)
         width = min(2 * beams, beams * vocabulary)
-        values, flat = top_k(candidates, width)  # (B, 2K)
+        values, flat = ops.top_k(candidates, width)  # (B, 2K)
         source_beam = flat // vocabulary
         token = ops.cast(flat % vocabulary, "int32")
         grown = ops.take_along_axis(sequences, source_beam[:, :, None], axis=1)
@@ -185,7 +153,5 @@ def beam_search(
         body,
         (i, sequences, log_prob, finished, finished_scores, caches, done),
         caches_at=5,
-        enter=getattr(step, "enter_caches", None),
-        leave=getattr(step, "leave_caches", None),
     )
     return finished, finished_scores

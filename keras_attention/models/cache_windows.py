@@ -22,9 +22,8 @@ one run, 1.47 and 1.67 with these in two; benchmarks/README.md).
 
 A phase computes what one loop over caches of length `L` computes: the same
 steps on the same written slots, the slots past them zero and masked from
-every query. Only the number of masked slots changes (and with it, for a
-step outside the layers, `backend.compiled_steps`' way of attending), so
-results agree to float rounding: the tests require the same tokens.
+every query. Only the number of masked slots changes, so results agree to
+float rounding: the tests require the same tokens.
 """
 
 import keras
@@ -37,25 +36,13 @@ from keras import ops
 # blocks took 0.01 or 0.02 ms of a 0.15 ms step).
 FIRST_WINDOW = 64
 
-# The shortest first window, in positions, of a loop whose step reads
-# several slots a position (`lengths`' `slots`).
-SHORTEST_WINDOW = 8
 
-
-def lengths(start, total, slots=1):
+def lengths(start, total):
     """The cache lengths of the phases of a loop whose first step is at
     position `start` and whose last is at `total - 1`: the windows above
-    `start` and below `total`, then `total`.
-
-    `slots`: the slots a step reads per position (`E` for the grouped
-    layout of beam search, where each hypothesis attends over its source's
-    `E` rows): the windows then count `FIRST_WINDOW` slots first,
-    `FIRST_WINDOW / slots` positions (at least `SHORTEST_WINDOW`, or
-    `FIRST_WINDOW` where that is shorter)."""
+    `start` and below `total`, then `total`."""
     windows = []
     window = FIRST_WINDOW
-    if slots > 1:
-        window = max(FIRST_WINDOW // slots, min(SHORTEST_WINDOW, FIRST_WINDOW))
     while window < total:
         for size in (window, window * 3 // 2):
             if start < size < total:
@@ -72,11 +59,8 @@ class Phases:
         lengths: increasing ints, the cache length of each phase (the last is
             the total length).
         axes: per leaf of the caches (in `keras.tree.flatten` order), the
-            axis that holds the positions and the slots per position on it,
-            `(axis, slots)`, or None for a leaf that does not grow (a
-            translation model's cross-attention caches). A leaf of `slots`
-            per position holds position `p` at `p slots .. p slots + slots -
-            1` (`backend.compiled_steps`' grouped layout in beam search).
+            axis that holds the positions, or None for a leaf that does not
+            grow (a translation model's cross-attention caches).
     """
 
     def __init__(self, lengths, axes):
@@ -84,7 +68,7 @@ class Phases:
         self.axes = tuple(axes)
 
     @classmethod
-    def plan(cls, empty_caches, batch, start, total, context=(), windowed=True, slots=1):
+    def plan(cls, empty_caches, batch, start, total, context=(), windowed=True):
         """The first phase's caches and the `Phases` of a loop.
 
         Args:
@@ -96,18 +80,17 @@ class Phases:
             total: the total length.
             context: the model's arrays for `empty_caches`.
             windowed: False for one phase over caches of length `total`.
-            slots: the slots a step reads per position (`lengths`).
 
         Returns:
             `(caches, phases)`. One phase where `windowed` is False, where
             `total` fits the first window, or where the caches for two
             lengths differ otherwise than in one axis per leaf that holds
-            the length times a whole number of slots. The caches for
+            the length. The caches for
             `total` serve for their shapes only: under a compiler they are
             never computed (an eager loop, as on torch, runs one phase:
             `windowed=False`).
         """
-        windows = lengths(start, total, slots) if windowed else (total,)
+        windows = lengths(start, total) if windowed else (total,)
         if len(windows) == 1:
             return empty_caches(batch, total, *context), cls.single(total)
         caches = empty_caches(batch, windows[0], *context)
@@ -126,16 +109,15 @@ class Phases:
         """`caches` with every growing leaf padded with zeros to `length`."""
         leaves = keras.tree.flatten(caches)
         grown = []
-        for leaf, grows in zip(leaves, self.axes):
-            if grows is not None:
-                axis, slots = grows
+        for leaf, axis in zip(leaves, self.axes):
+            if axis is not None:
                 padding = [(0, 0)] * len(leaf.shape)
-                padding[axis] = (0, length * slots - leaf.shape[axis])
+                padding[axis] = (0, length - leaf.shape[axis])
                 leaf = ops.pad(leaf, padding)
             grown.append(leaf)
         return keras.tree.pack_sequence_as(caches, grown)
 
-    def while_loop(self, condition, body, state, caches_at, enter=None, leave=None):
+    def while_loop(self, condition, body, state, caches_at):
         """`ops.while_loop(condition, body, state)` in phases.
 
         `state[0]` is the position of the next step (which writes that
@@ -143,34 +125,24 @@ class Phases:
         position is below `lengths[n]` and `condition` holds, after growing
         the caches to `lengths[n]`; a loop that ends early (the condition
         false) runs no step in the phases after, only their padding.
-        `enter` and `leave`: optional functions of the caches, into the
-        layout the body carries at the start of each phase and back after
-        it (the phases grow the caches as planned, in the layout given).
         """
-
-        def convert(state, function):
-            if function is None:
-                return state
-            state = list(state)
-            state[caches_at] = function(state[caches_at])
-            return tuple(state)
-
         for n, length in enumerate(self.lengths):
             if n:
-                state = convert(state, lambda caches, length=length: self.grow(caches, length))
+                state = list(state)
+                state[caches_at] = self.grow(state[caches_at], length)
+                state = tuple(state)
 
             def phase_condition(*state, length=length):
                 return ops.logical_and(state[0] < length, condition(*state))
 
-            state = convert(ops.while_loop(phase_condition, body, convert(state, enter)), leave)
+            state = ops.while_loop(phase_condition, body, tuple(state))
         return state
 
 
 def _growing_axes(small, full, small_length, full_length):
-    """Per leaf, `(axis, slots)` where `small` (caches for `small_length`)
-    and `full` (for `full_length`) differ, the axis `slots` times the
-    length in both, or None where they agree; None altogether where a leaf
-    differs otherwise."""
+    """Per leaf, the axis where `small` (caches for `small_length`) and
+    `full` (for `full_length`) differ, of those lengths, or None where they
+    agree; None altogether where a leaf differs otherwise."""
     small_leaves = keras.tree.flatten(small)
     full_leaves = keras.tree.flatten(full)
     if len(small_leaves) != len(full_leaves):
@@ -183,13 +155,11 @@ def _growing_axes(small, full, small_length, full_length):
         differ = [n for n, (x, y) in enumerate(zip(a_shape, b_shape)) if x != y]
         if not differ:
             axes.append(None)
-            continue
-        slots = a_shape[differ[0]] // small_length
-        if len(differ) == 1 and (a_shape[differ[0]], b_shape[differ[0]]) == (
-            small_length * slots,
-            full_length * slots,
+        elif len(differ) == 1 and (a_shape[differ[0]], b_shape[differ[0]]) == (
+            small_length,
+            full_length,
         ):
-            axes.append((differ[0], slots))
+            axes.append(differ[0])
         else:
             return None
     return axes

@@ -21,23 +21,13 @@ through its layers with their KV caches, and the empty caches to start from.
   (`cache_windows`), so that a step reads the window of slots above its
   position rather than the whole length;
 - the compilation per backend (`backend.compile_decoding`: one `jax.jit`,
-  `tf.function` with XLA, or on torch an eager loop on a step in plain
-  torch operations where the model's layers allow one), made once per
-  sampling configuration and total length and kept. Every call reads the
-  weights the variables hold then; on JAX on a CPU a one-row loop of a
-  small model compiles them in at the second call in a row that finds the
-  same ones, and goes back to taking them as arguments, for good, when
-  they change.
+  `tf.function` with XLA, or on torch an eager loop without autograd),
+  made once per sampling configuration and total length and kept. Every
+  call reads the weights the variables hold then.
 
-A fast step (outside the layers) may keep its caches in a layout of its own.
-It then brings their makers, `empty_caches(batch, length, *context)` and
-`beam_caches(batch, length, beams, *context)`, and `reorder_caches(caches,
-rows)` for beam search, and runs every position of the loops that use them:
-those whose shortest prompt is one token (a translation's start token) and
-every beam search. A fast step on the model's own caches may instead carry
-them in another layout inside the loop only: it then brings
-`enter_caches(caches)` and `leave_caches(caches)`, applied at each phase's
-start and end (`cache_windows.Phases.while_loop`).
+The step is the model's own layers, always: whatever a user's subclass of a
+block or an attention layer overrides takes effect in `generate` as in the
+model's call.
 """
 
 import numpy as np
@@ -100,16 +90,14 @@ def prompt_lengths(prompt, prompt_padding_mask):
 
 
 def decode(
-    prefill, step, caches, ids, in_prompt, limits, seed, temperature, top_p,
+    step, caches, ids, in_prompt, limits, seed, temperature, top_p,
     *, sampling, top_k, stop, pad_token_id, start, vocabulary_size, with_scores=False,
-    phases=None,
+    phases=None, excluded=None,
 ):
     """The decoding loop, in `keras.ops`.
 
     Args:
-        prefill: the model's step through its layers, for prompts of more
-            than one token.
-        step: the step for one token at a time (the same, or a fast one).
+        step: the model's step, for the prompt and then one token at a time.
         caches: the empty caches the step starts from (for the first
             phase's length).
         ids: int32 `(B, L)`, prompts then `pad_token_id`.
@@ -124,6 +112,9 @@ def decode(
         phases: the loop's `cache_windows.Phases`; by default one phase
             over `caches` of length `L`.
         vocabulary_size: `V`, static.
+        excluded: optional static id that is never chosen (a model's pad
+            id, which its forward pass reads as padding); the scores are
+            still the model's own log-probabilities.
 
     Returns:
         int32 `(B, L)`; with `with_scores`, then float32 `(B,)` and int32
@@ -144,7 +135,7 @@ def decode(
         next_logits = ops.zeros((batch, vocabulary_size), "float32")
     else:
         i = ops.convert_to_tensor(start, "int32")
-        logits, caches = prefill(ids[:, :start], caches, 0)
+        logits, caches = step(ids[:, :start], caches, 0)
         next_logits = ops.cast(logits[:, -1], "float32")  # (B, V)
     done = ops.zeros((batch,), "bool")
     pad = ops.full((batch,), pad_token_id, "int32")
@@ -159,7 +150,7 @@ def decode(
     def choose(i, ids, next_logits, done, scores):
         """The token at position `i` of each row, written into `ids`."""
         sampled = sampling_lib.next_token(
-            next_logits, sampling, temperature, top_k, top_p, seed, i
+            sampling_lib.exclude(next_logits, excluded), sampling, temperature, top_k, top_p, seed, i
         )  # (B,)
         given = ops.take(ids, i, axis=1)  # (B,) prompt token or padding
         from_prompt = ops.take(in_prompt, i, axis=1)  # (B,)
@@ -199,8 +190,7 @@ def decode(
 
     phases = phases or cache_windows.Phases.single(total)
     i, ids, _, next_logits, done, *scores = phases.while_loop(
-        condition, body, (i, ids, caches, next_logits, done) + scores, caches_at=2,
-        enter=getattr(step, "enter_caches", None), leave=getattr(step, "leave_caches", None),
+        condition, body, (i, ids, caches, next_logits, done) + scores, caches_at=2
     )
     # At `L - 1`, or where every row was done (each then gets padding).
     _, ids, _, scores = choose(i, ids, next_logits, done, tuple(scores))
@@ -234,26 +224,28 @@ class Generator:
             loop is compiled).
         vocabulary_size: int, the ids a token may take.
         max_length: int, the longest prompt plus new tokens.
-        fast_step: optional zero-argument function returning a step in the
-            backend's own operations, or None (see `backend.decoder_step`).
         max_length_name: the model's name for `max_length`, for messages.
         reorder_caches: optional `reorder_caches(caches, rows) -> caches`
             for beam search (`beam_search.beam_search`'s `reorder`); by
             default every leaf follows the surviving hypotheses.
+        pad_is_padding: whether the model's forward pass reads the pad id
+            as padding (a translation model's decoder mask): the pad id is
+            then never generated, so that the model's full pass scores a
+            generated sequence as `return_scores` says.
     """
 
     def __init__(
-        self, step, empty_caches, variables, vocabulary_size, max_length, fast_step=None,
-        max_length_name="max_sequence_length", reorder_caches=None,
+        self, step, empty_caches, variables, vocabulary_size, max_length,
+        max_length_name="max_sequence_length", reorder_caches=None, pad_is_padding=False,
     ):
         self.step = step
         self.empty_caches = empty_caches
         self.variables = variables
         self.vocabulary_size = vocabulary_size
         self.max_length = max_length
-        self.fast_step = fast_step
         self.max_length_name = max_length_name
         self.reorder_caches = reorder_caches or beam_search_lib.take_rows
+        self.pad_is_padding = bool(pad_is_padding)
         self._functions = {}
 
     def check_token(self, name, token):
@@ -308,6 +300,7 @@ class Generator:
         options = dict(
             sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
             start=start, with_scores=bool(return_scores),
+            excluded=pad_token_id if self.pad_is_padding else None,
         )
         # Only what the mode reads is passed: each argument of a compiled
         # call costs time to convert and check (20 to 36 us on TensorFlow
@@ -319,7 +312,7 @@ class Generator:
             top_p = 1.0 if top_p is None else top_p
             noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
 
-        def loop(prompt, *arguments, step=None):
+        def loop(prompt, *arguments):
             if ragged:
                 lengths, *arguments = arguments
             else:
@@ -328,28 +321,18 @@ class Generator:
             seed, temperature, top_p = arguments[: len(noise)] or (0, 1.0, 1.0)
             context = arguments[len(noise):]
             ids, in_prompt, limits = layout(prompt, lengths, total, pad_token_id)
-            # A step with caches of its own runs every position when the
-            # shortest prompt is one token (`decode`).
-            empty_caches = self.empty_caches
-            if start == 1 and hasattr(step, "empty_caches"):
-                empty_caches = step.empty_caches
-            elif hasattr(step, "empty_caches"):
-                # Its caches cannot continue the layers' prefill of a longer
-                # prompt (a decoder prompt such as BART's): the layers decode.
-                step = None
             caches, phases = cache_windows.Phases.plan(
-                empty_caches, prompt.shape[0], start, total, context,
+                self.empty_caches, prompt.shape[0], start, total, context,
                 windowed=backend.preferences().cache_windows,
             )
             return decode(
-                self.step, step or self.step, caches, ids, in_prompt, limits,
+                self.step, caches, ids, in_prompt, limits,
                 seed, temperature, top_p, phases=phases,
                 vocabulary_size=self.vocabulary_size, **options,
             )
 
-        rows = prompt.shape[0]
-        key = ("sample", rows, total, ragged) + tuple(sorted(options.items()))
-        outputs = self._function(key, loop, rows)(
+        key = ("sample", prompt.shape[0], total, ragged) + tuple(sorted(options.items()))
+        outputs = self._function(key, loop)(
             prompt.astype("int32", copy=False), *lengths, *noise, *context
         )
         if not return_scores:
@@ -385,36 +368,25 @@ class Generator:
         options = dict(
             num_beams=num_beams, end_token_id=end_token_id, pad_token_id=pad_token_id,
             length_penalty=float(length_penalty),
+            excluded=pad_token_id if self.pad_is_padding else None,
         )
 
-        def loop(*context, step=None):
-            windowed = backend.preferences().cache_windows
-            if hasattr(step, "beam_caches"):  # caches of the step's own
-                # Its hypotheses attend over their source's `num_beams` rows.
-                slots = num_beams if backend.preferences().beam_windows_in_slots else 1
-                caches, phases = cache_windows.Phases.plan(
-                    lambda rows, length, *context: step.beam_caches(
-                        rows, length, num_beams, *context
-                    ),
-                    batch, 0, total, context, windowed=windowed, slots=slots,
-                )
-                reorder = step.reorder_caches
-            else:
-                caches, phases = cache_windows.Phases.plan(
-                    self.empty_caches, batch, 0, total, context, windowed=windowed
-                )
-                # Row b K + k is beam k of source b.
-                caches = keras.tree.map_structure(
-                    lambda cache: ops.repeat(cache, num_beams, axis=0), caches
-                )
-                reorder = self.reorder_caches
+        def loop(*context):
+            caches, phases = cache_windows.Phases.plan(
+                self.empty_caches, batch, 0, total, context,
+                windowed=backend.preferences().cache_windows,
+            )
+            # Row b K + k is beam k of source b.
+            caches = keras.tree.map_structure(
+                lambda cache: ops.repeat(cache, num_beams, axis=0), caches
+            )
             return beam_search_lib.beam_search(
-                step or self.step, caches, start_token_id, total, batch=batch,
-                reorder=reorder, phases=phases, **options,
+                self.step, caches, start_token_id, total, batch=batch,
+                reorder=self.reorder_caches, phases=phases, **options,
             )
 
         key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop, batch * num_beams)(*context)
+        sequences, scores = self._function(key, loop)(*context)
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):
@@ -428,13 +400,11 @@ class Generator:
             )
         return total
 
-    def _function(self, key, loop, rows):
+    def _function(self, key, loop):
         """The compiled `loop` for one configuration (its step computing
         `rows` rows), made once."""
         if key not in self._functions:
-            self._functions[key] = backend.compile_decoding(
-                loop, self.variables(), self.fast_step, rows=rows
-            )
+            self._functions[key] = backend.compile_decoding(loop, self.variables())
         return self._functions[key]
 
 

@@ -8,8 +8,6 @@ heads, `K` head size.
 import keras
 
 from keras_attention import _validation
-from keras_attention import backend
-from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
 from keras_attention.layers._dropout import Dropout
@@ -91,6 +89,11 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         - [Holtzman et al., 2020 (top-p sampling)](https://arxiv.org/abs/1904.09751)
     """
 
+    # The decoder stack; a subclass may name its own (blocks that override
+    # `call`, attention layers that override `_compute_attention`): training,
+    # inference and `generate` all run its layers.
+    decoder_class = TransformerDecoder
+
     def __init__(
         self,
         vocabulary_size,
@@ -153,7 +156,7 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             dropout, seed=seed, dtype=self.dtype_policy, name="embedding_dropout"
         )
         # Decoder blocks, with the final layer norm of a pre-norm stack.
-        self.decoder = TransformerDecoder(
+        self.decoder = self.decoder_class(
             num_layers,
             intermediate_dim,
             num_heads,
@@ -202,17 +205,6 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
     def call(self, token_ids, padding_mask=None, training=None):
         if isinstance(token_ids, dict):  # as `fit` hands it to a stateless call
             token_ids, padding_mask = token_ids["token_ids"], token_ids.get("padding_mask")
-        if padding_mask is None and not kernels.is_observed():
-            logits = backend.decoder_forward(
-                self.embedding,
-                self.decoder.blocks,
-                self.decoder.output_layer_norm,
-                token_ids,
-                training,
-                embedding_dropout=self.embedding_dropout,
-            )  # (B, T, V), or None: the layers
-            if logits is not None:
-                return logits
         x = self.embedding(token_ids)  # (B, T, D)
         x = self.embedding_dropout(x, training=training)
         x = self.decoder(x, decoder_padding_mask=padding_mask, training=training)
@@ -289,8 +281,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         only with the keys and values it reads). The whole loop is compiled
         once per shape and sampling configuration (`jax.jit` on JAX,
         `tf.function` with XLA on TensorFlow; torch runs it eagerly without
-        autograd, each step in plain torch operations). The loop is the
-        package's generation core (`keras_attention.models.generation`).
+        autograd). Each step is the model's own layers, so a subclass's
+        override of a block's or an attention layer's call takes effect
+        here too. The loop is the package's generation core
+        (`keras_attention.models.generation`).
 
         Args:
             prompt_ids: int `(B, P)` prompts; or, with a `preprocessor`, a
@@ -356,7 +350,6 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
                 variables=lambda: self.variables,
                 vocabulary_size=self.vocabulary_size,
                 max_length=self.max_sequence_length,
-                fast_step=self._fast_step,
             )
         return self._generator.generate(
             prompt,
@@ -369,15 +362,6 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             stop_token_ids=stop_token_ids,
             prompt_padding_mask=prompt_padding_mask,
             pad_token_id=pad_token_id,
-        )
-
-    def _fast_step(self):
-        """The decoding step in the backend's own operations, or None (also
-        while `kernels.recording()` is open: only the layers record)."""
-        if kernels.is_recording():
-            return None
-        return backend.decoder_step(
-            self.embedding, self.decoder.blocks, self.decoder.output_layer_norm
         )
 
     def _check_ids(self, name, ids):

@@ -18,6 +18,15 @@ from keras_attention import backend
 SAMPLING = ("greedy", "random", "top_k", "top_p")
 
 
+def exclude(logits, token_id, value=-1e30):
+    """`logits` `(B, V)` with column `token_id` set to `value` (none for
+    None): a token never chosen."""
+    if token_id is None:
+        return logits
+    vocabulary = ops.arange(logits.shape[-1], dtype="int32")  # (V,)
+    return ops.where(vocabulary == token_id, ops.cast(value, logits.dtype), logits)
+
+
 def next_token(logits, sampling, temperature, top_k, top_p, seed, step):
     """One token per row of `logits` `(B, V)`, as int32 `(B,)`.
 

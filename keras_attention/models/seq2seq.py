@@ -12,8 +12,6 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
-from keras_attention import backend
-from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
 from keras_attention.layers._dropout import Dropout
@@ -120,6 +118,12 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         - [Wu et al., 2016 (length penalty)](https://arxiv.org/abs/1609.08144)
     """
 
+    # The stacks; a subclass may name its own (blocks that override `call`,
+    # attention layers that override `_compute_attention`): training,
+    # inference and `generate` all run their layers.
+    encoder_class = TransformerEncoder
+    decoder_class = TransformerDecoder
+
     def __init__(
         self,
         source_vocabulary_size,
@@ -223,11 +227,11 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
             normalize_first=normalize_first,
             dtype=dtype,
         )
-        self.encoder = TransformerEncoder(
+        self.encoder = self.encoder_class(
             num_encoder_layers, seed=None if seed is None else seed + 1, name="encoder",
             **stack,
         )
-        self.decoder = TransformerDecoder(
+        self.decoder = self.decoder_class(
             num_decoder_layers, seed=None if seed is None else seed + 1000, name="decoder",
             **stack,
         )
@@ -337,11 +341,8 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         """`(cross caches, source mask)`: the encoder run once, each block's
         cross-attention keys and values `(B, 2, S, G, K)` computed once."""
         encoded, mask = self.encode(encoder_token_ids, encoder_padding_mask)
-        # Hidden source positions zeroed: nothing there can reach a query,
-        # whichever step attends.
         cross_caches = tuple(
-            kv_cache.hide(b.cross_attention.compute_cache(encoded), mask)
-            for b in self.decoder.blocks
+            b.cross_attention.compute_cache(encoded) for b in self.decoder.blocks
         )
         return cross_caches, mask
 
@@ -390,36 +391,6 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         self_caches, cross_caches, mask = caches
         return beam_search.take_rows(self_caches, rows), cross_caches, mask
 
-    def _fast_step(self):
-        """The decoder blocks outside the layers (`backend.block_step`; the
-        embedding and the logits through the layers), or None. Where the
-        blocks' steps take the grouped layout (TensorFlow and JAX), a
-        `_GroupedStep` with caches of its own; otherwise (torch's plain torch
-        steps) a step on the layers' caches."""
-        if kernels.is_recording():
-            return None
-        steps = [backend.block_step(block) for block in self.decoder.blocks]
-        if any(step is None for step in steps):
-            return None
-        if all(hasattr(step, "grouped") for step in steps):
-            return _GroupedStep(self, steps)
-
-        def step(token_ids, caches, index):
-            self_caches, cross_caches, mask = caches
-            x = self._embed(
-                token_ids, self.token_embedding, self.decoder_position_embedding,
-                self.decoder_embedding_norm, start_index=index,
-            )
-            updated = []
-            for block_step, self_cache, cross_cache in zip(steps, self_caches, cross_caches):
-                x, self_cache = block_step(x, self_cache, index, cross_cache, mask)
-                updated.append(self_cache)
-            if self.decoder.output_layer_norm is not None:
-                x = self.decoder.output_layer_norm(x)
-            return self.token_embedding(x, reverse=True), (tuple(updated), cross_caches, mask)
-
-        return step
-
     def generate(
         self,
         encoder_token_ids,
@@ -442,8 +413,9 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         The encoder runs once and each decoder block's cross-attention keys
         and values are computed once; the decoder's self-attention cache
         grows by one token per step. The loop is compiled once per shape
-        and configuration, as `GPT.generate`'s (on torch, each step in plain
-        torch operations where the blocks allow it).
+        and configuration, as `GPT.generate`'s. The pad id, which the
+        decoder reads as padding, is never generated: the model's own full
+        pass scores a returned sequence as `return_scores` says.
 
         Args:
             encoder_token_ids: int `(B, S)` sources, `S <= max_source_length`.
@@ -453,7 +425,7 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
                 (a decoder prompt, such as BART's `[</s>, <s>]`; not with
                 beam search).
             end_token_id: optional id that ends a hypothesis (`None`: every
-                hypothesis runs `max_new_tokens`).
+                hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
                 `"top_p"` (see `GPT.generate` for the sampling ones).
             num_beams: positive int, the hypotheses beam search keeps per
@@ -521,6 +493,13 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         start_token_id = start_ids[0]
         if end_token_id is not None:
             end_token_id = generator.check_token("end_token_id", end_token_id)
+            if end_token_id == self.pad_token_id:
+                raise ValueError(
+                    "`end_token_id` must differ from the model's `pad_token_id`, "
+                    "which the decoder reads as padding and never generates. "
+                    f"Received: end_token_id={end_token_id}, "
+                    f"pad_token_id={self.pad_token_id}"
+                )
         context = (source.astype("int32", copy=False), mask)
         batch = source.shape[0]
         if sampling == "beam":
@@ -557,9 +536,10 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
                 variables=lambda: self.variables,
                 vocabulary_size=self.target_vocabulary_size,
                 max_length=self.max_target_length,
-                fast_step=self._fast_step,
                 max_length_name="max_target_length",
                 reorder_caches=self._reorder_caches,
+                # The decoder reads the pad id as padding: never generated.
+                pad_is_padding=True,
             )
         return self._generator
 
@@ -631,99 +611,3 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         config["activation"] = self.decoder.block_arguments()["activation"]
         return config
 
-
-class _GroupedStep:
-    """`Seq2SeqTransformer`'s decoding step in the grouped layout of
-    `backend.compiled_steps` (its module docstring: keys and values in the
-    order XLA's CPU dot reads them, the cross caches once per source, beam
-    search without reordering the caches).
-
-    Caches: `(self caches, cross caches, source mask)`, and in beam search
-    an ancestry int32 `(B, E, L)` after them: which of its source's rows
-    holds each position of each hypothesis. Makes its own caches
-    (`empty_caches`, `beam_caches`) and reorders them (`reorder_caches`),
-    as `generation.Generator` asks of a step with caches of its own.
-    """
-
-    def __init__(self, model, block_steps):
-        self.model = model
-        self.block_steps = block_steps
-        # The logits' kernel `(D, V)` made once per call, outside the loop:
-        # the tied table transposed inside the loop was packed again at
-        # every step by XLA's CPU dot, 47 of the 90 us of a 4-beam step at
-        # batch 1 (benchmarks/README.md).
-        embedding = model.token_embedding
-        if embedding.tie_weights:
-            kernel = ops.transpose(embedding.embeddings)  # (D, V)
-        else:
-            kernel = embedding.reverse_embeddings  # (D, V)
-        if embedding.reverse_dtype is not None:
-            kernel = ops.cast(kernel, embedding.reverse_dtype)
-        self.output_kernel = kernel
-
-    def empty_caches(self, batch, length, encoder_token_ids, encoder_padding_mask):
-        return self.beam_caches(batch, length, 1, encoder_token_ids, encoder_padding_mask)
-
-    def beam_caches(self, batch, length, beams, encoder_token_ids, encoder_padding_mask):
-        cross_caches, mask = self.model._cross_caches(encoder_token_ids, encoder_padding_mask)
-        self_caches = tuple(step.empty_grouped(batch, length, beams) for step in self.block_steps)
-        preference = backend.preferences().absorb_cross_attention
-        absorb = preference == "always" or (preference == "beam_search" and beams > 1)
-        cross_caches = tuple(
-            step.grouped_cross(cache, absorb=absorb)
-            for step, cache in zip(self.block_steps, cross_caches)
-        )
-        caches = (self_caches, cross_caches, mask)
-        if beams == 1:
-            return caches
-        return caches + (ops.zeros((batch, beams, length), "int32"),)
-
-    @staticmethod
-    def reorder_caches(caches, rows):
-        """Only the ancestry follows the hypotheses that survive: row `b E +
-        k` takes the history of row `rows[b E + k]` (of the same source).
-        With one beam there is nothing to follow."""
-        if len(caches) == 3:
-            return caches
-        self_caches, cross_caches, mask, ancestry = caches
-        batch, beams, length = ancestry.shape
-        ancestry = ops.take(ops.reshape(ancestry, (batch * beams, length)), rows, axis=0)
-        return self_caches, cross_caches, mask, ops.reshape(ancestry, (batch, beams, length))
-
-    def __call__(self, token_ids, caches, index):
-        model = self.model
-        self_caches, cross_caches, mask = caches[:3]
-        ancestry = caches[3] if len(caches) > 3 else None
-        beams = 1 if ancestry is None else ancestry.shape[1]
-        length = self_caches[0][0].shape[2] // beams
-        if ancestry is not None:  # each hypothesis writes position `index` in its own row
-            own = ops.arange(beams, dtype="int32")[None, :, None]  # (1, E, 1)
-            own = ops.broadcast_to(own, (ancestry.shape[0], beams, 1))
-            ancestry = ops.slice_update(ancestry, (0, 0, index), own)
-        first = self.block_steps[0]
-        visible = first.visible(index, length, ancestry)  # (B|1, E|1, L E)
-        x = model._embed(
-            token_ids, model.token_embedding, model.decoder_position_embedding,
-            model.decoder_embedding_norm, start_index=index,
-        )  # (B E, 1, D)
-        updated = []
-        for step, self_cache, cross_cache in zip(self.block_steps, self_caches, cross_caches):
-            x, self_cache = step.grouped(x, self_cache, index, visible, cross_cache, mask)
-            updated.append(self_cache)
-        if model.decoder.output_layer_norm is not None:
-            x = model.decoder.output_layer_norm(x)
-        caches = (tuple(updated), cross_caches, mask)
-        if ancestry is not None:
-            caches = caches + (ancestry,)
-        return self._logits(x), caches  # (B E, 1, V)
-
-    def _logits(self, x):
-        """`token_embedding(x, reverse=True)` on the kernel made once."""
-        embedding = self.model.token_embedding
-        if embedding.reverse_dtype is not None:
-            x = ops.cast(x, embedding.reverse_dtype)
-        logits = ops.matmul(x, self.output_kernel)
-        if embedding.logit_soft_cap is not None:
-            cap = embedding.logit_soft_cap
-            logits = ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
-        return logits

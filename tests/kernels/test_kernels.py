@@ -59,12 +59,10 @@ PREFERENCES = {
         repeat_single_key_value_head=True,
         cache_windows=True,
         causal_tiles=True,
-        absorb_cross_attention="always",
     ),
     "jax": backend.Preferences(
         blocked="always", normalize_last=True, chunk_long_queries=True, guard_with_cond=False,
         linear_projections=True, cache_windows=True, causal_tiles=True,
-        absorb_cross_attention="beam_search", top_k_block=32, beam_windows_in_slots=True,
     ),
     "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
 }

@@ -77,9 +77,7 @@ def _randomized(model, seed):
 
 
 def _gpt(seed=0):
-    # One key/value head: a step over more than 16 slots attends through the
-    # block-diagonal matmuls (`compiled_steps.BLOCK_DIAGONAL_SLOTS_PER_GROUP`),
-    # over fewer through the einsums, so a run crosses from one to the other.
+    # One key/value head: multi-query attention over caches that grow.
     model = GPT(
         vocabulary_size=V, max_sequence_length=MAX_LENGTH, num_layers=2, num_heads=4,
         num_key_value_heads=1, hidden_dim=16, intermediate_dim=32,
@@ -117,16 +115,6 @@ def test_windows_grow_by_half_from_the_first_one_above_the_start():
         assert next(w for w in windows if w > position) <= 1.5 * position
 
 
-def test_windows_in_slots_start_at_the_first_window_over_the_slots():
-    """A step that reads 4 slots a position (4 beams in the grouped layout)
-    starts at 64 / 4 = 16 positions; the first window is never below 8."""
-    assert cache_windows.lengths(0, 33, slots=4) == (16, 24, 32, 33)
-    assert cache_windows.lengths(0, 16, slots=4) == (16,)
-    assert cache_windows.lengths(0, 40, slots=2) == (32, 40)
-    assert cache_windows.lengths(0, 100, slots=16) == (8, 12, 16, 24, 32, 48, 64, 96, 100)
-    assert cache_windows.lengths(0, 33, slots=1) == cache_windows.lengths(0, 33) == (33,)
-
-
 def _translation_caches(batch, length):
     """A translation model's caches: per block a self cache that grows,
     a cross cache and a source mask that do not."""
@@ -138,7 +126,7 @@ def _translation_caches(batch, length):
 def test_plan_finds_the_leaves_that_grow():
     caches, phases = cache_windows.Phases.plan(_translation_caches, 3, 10, 150)
     assert phases.lengths == (64, 96, 128, 150)
-    assert phases.axes == ((2, 1), (2, 1), None, None, None)
+    assert phases.axes == (2, 2, None, None, None)
     assert tuple(caches[0][0].shape) == (3, 2, 64, 2, 4)
     # Grown: the self caches padded with zeros, the others as they were.
     written = keras.ops.ones((3, 2, 64, 2, 4))
@@ -150,46 +138,10 @@ def test_plan_finds_the_leaves_that_grow():
     assert tuple(grown[2].shape) == (3, 5)
 
 
-def test_plan_grows_a_leaf_of_several_slots_per_position():
-    # The grouped layout in beam search: position p at slots p E .. p E + E - 1
-    # (E = 3 here); growing appends the slots of the new positions.
-    caches, phases = cache_windows.Phases.plan(
-        lambda batch, length: keras.ops.zeros((batch, 4, 3 * length)), 2, 0, 100
-    )
-    assert phases.lengths == (64, 96, 100)
-    assert phases.axes == ((2, 3),)
-    assert tuple(caches.shape) == (2, 4, 192)
-    written = np.arange(2 * 4 * 192, dtype="float32").reshape(2, 4, 192) + 1
-    grown = harness.to_numpy(phases.grow(keras.ops.convert_to_tensor(written), 96))
-    assert grown.shape == (2, 4, 288)
-    np.testing.assert_array_equal(grown[:, :, :192], written)
-    assert np.all(grown[:, :, 192:] == 0)
-
-
-def test_while_loop_carries_the_entered_layout_and_leaves_it():
-    """`enter` at each phase's start, `leave` after it, the growth between
-    in the layout left: a `(B, L)` leaf carried as `(L, B)`, one added at
-    each step. Hand-worked: two steps over 2 positions, the leaf grown to 4
-    with zeros, two more steps."""
-    phases = cache_windows.Phases((2, 4), [(1, 1)])
-    carried = []
-
-    def body(i, caches):
-        carried.append(tuple(caches.shape))
-        return i + 1, caches + 1.0
-
-    _, caches = phases.while_loop(
-        lambda i, caches: i < 4, body, (keras.ops.convert_to_tensor(0), keras.ops.zeros((3, 2))),
-        caches_at=1, enter=keras.ops.transpose, leave=keras.ops.transpose,
-    )
-    assert set(carried) == {(2, 3), (4, 3)}
-    np.testing.assert_array_equal(harness.to_numpy(caches), [[4.0, 4.0, 2.0, 2.0]] * 3)
-
-
 @pytest.mark.parametrize(
     "empty_caches",
     [
-        # A leaf that grows by another amount than a multiple of the length.
+        # A leaf that grows by another amount than the length.
         lambda batch, length: keras.ops.zeros((batch, length + 3)),
         # A leaf that grows along two axes.
         lambda batch, length: keras.ops.zeros((batch, length, length)),
@@ -221,8 +173,6 @@ def test_default_windows_follow_the_backend():
 @pytest.mark.parametrize("batch", [1, 2])
 def test_greedy_in_phases_equals_one_phase_and_recomputing(phases_seen, monkeypatch, batch):
     # A prompt of 10 is past the first window (8): phases of 12, 16 and 24.
-    # Under a compiler the loop carries each block's cache in the grouped
-    # layout (`compiled_steps.group_caches`).
     prompt = np.random.default_rng(1).integers(0, V, (batch, 10)).astype("int32")
     windowed = _gpt().generate(prompt, max_new_tokens=14)
     assert phases_seen == [(12, 16, 24)]
@@ -300,26 +250,5 @@ def test_translation_in_phases_equals_one_phase(phases_seen, monkeypatch, sampli
     assert phases_seen == [(8, 12, 13)]
     _one_phase(monkeypatch)
     single_ids, single_scores = _translator().generate(sources, **kwargs)
-    np.testing.assert_array_equal(ids, single_ids)
-    np.testing.assert_allclose(scores, single_scores, rtol=1e-5, atol=1e-5)
-
-
-def test_translation_beam_windows_count_the_beams_slots(phases_seen, monkeypatch):
-    """Beam search on the grouped step, which reads 4 slots a position:
-    where the backend prefers windows in slots (JAX), a first window of 32
-    slots is 8 positions; elsewhere the first window is 32 positions, past
-    this run. The tokens and scores are those of one phase either way."""
-    monkeypatch.setattr(cache_windows, "FIRST_WINDOW", 32)
-    sources = np.array([[4, 5, 6, 7, 8, 9], [10, 3, 12, 0, 0, 0]], "int32")
-    kwargs = dict(
-        max_new_tokens=12, start_token_id=1, end_token_id=2, sampling="beam", num_beams=4,
-        return_scores=True, num_return_sequences=2,
-    )
-    ids, scores = _translator(seed=3).generate(sources, **kwargs)
-    in_slots = BACKEND == "jax"
-    assert backend.preferences().beam_windows_in_slots == in_slots
-    assert phases_seen == [(8, 12, 13) if in_slots else (13,)]
-    _one_phase(monkeypatch)
-    single_ids, single_scores = _translator(seed=3).generate(sources, **kwargs)
     np.testing.assert_array_equal(ids, single_ids)
     np.testing.assert_allclose(scores, single_scores, rtol=1e-5, atol=1e-5)

@@ -154,38 +154,10 @@ def test_generation_follows_a_change_of_one_weight(changed):
         )
 
 
-def test_the_start_token_takes_the_fast_step():
-    """Greedy decoding from the one start token runs it through the same
-    one-token step as the loop (outside the layers), not the layers' step:
-    the layers' path is then not in the compiled loop at all. The tokens are
-    still those of recomputing the full pass."""
-    model = _model(seed=3)
-    assert model._fast_step() is not None
-    layer_steps = []
-    through_layers = model._decoding_step
-
-    def counted(*args):
-        layer_steps.append(1)
-        return through_layers(*args)
-
-    model._decoding_step = counted  # read when the generator is made
-    sources = _sources()
-    got = model.generate(sources, max_new_tokens=4, start_token_id=START)
-    assert layer_steps == []
-    for row, source in zip(got, sources):
-        assert row.tolist() == _greedy_by_recomputing(model, source, 4)
-
-
-@pytest.mark.parametrize("absorb", ["always", "never"])
-def test_cross_attention_absorbed_or_not_decodes_as_the_layers(absorb, monkeypatch):
-    """Whether the compiled step attends to a source through its caches or
-    through the projections they are folded into
-    (`compiled_steps.absorbed_cross_cache`, TensorFlow's preference and
-    JAX's in beam search), greedy decoding gives the tokens
+def test_cross_attention_decodes_as_the_full_pass():
+    """Greedy decoding through the cross-attention caches gives the tokens
     of recomputing the full pass, and beam search the model's own
     log-probabilities, a source of padding included."""
-    preferences = dataclasses.replace(backend.preferences(), absorb_cross_attention=absorb)
-    monkeypatch.setattr(backend, "preferences", lambda: preferences)
     model = _model(seed=4)
     sources = np.concatenate([_sources(), np.full((1, 6), PAD, "int32")])
     got = model.generate(sources, max_new_tokens=4, start_token_id=START)

@@ -1,0 +1,153 @@
+"""Tests of the backend seam: its primitives against numpy, the compiled
+decoding loop, and the backends' preferences.
+
+Shape legend: `B` batch, `D` width.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import harness
+from keras_attention import backend
+
+BACKEND = keras.backend.backend()
+D = 8
+
+
+def _normal(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def _argmax_cases():
+    x = _normal((7, 37), 4)
+    x[1, [3, 20]] = 9.0  # a tie: the first
+    x[2, [5, 30]] = np.nan  # NaN counts as the largest: the first NaN
+    x[2, 1] = 50.0
+    x[3, :] = -np.inf  # nothing but -inf: the first
+    x[4, 36] = np.inf  # the last position
+    x[5, 0] = np.nan  # NaN first
+    x[6, :] = 2.5  # all equal
+    return x
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_argmax_is_the_first_largest_with_nan_as_largest(compiled):
+    x = _argmax_cases()
+    argmax = backend.argmax
+    if compiled:
+        argmax = backend.compiled_loop(argmax)
+    got = keras.ops.convert_to_numpy(argmax(keras.ops.convert_to_tensor(x)))
+    # numpy's argmax: the first largest, NaN the largest.
+    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    # Keras's on the rows without NaN (TensorFlow's skips NaN).
+    finite = ~np.isnan(x).any(axis=-1)
+    expected = keras.ops.convert_to_numpy(keras.ops.argmax(x[finite], axis=-1))
+    np.testing.assert_array_equal(got[finite], expected)
+
+
+@pytest.mark.parametrize("rows", [3, 300], ids=["small", "large"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_linear_equals_numpy_with_gradients(rows, with_bias):
+    """`backend.linear` against numpy, forward and every gradient."""
+    x, kernel, bias = _normal((2, rows, 64), 1), _normal((64, 256), 2), _normal((256,), 3)
+    inputs = [x, kernel] + ([bias] if with_bias else [])
+
+    def fn(x, kernel, bias=None):
+        x, kernel = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(kernel)
+        return backend.linear(x, kernel, None if bias is None else keras.ops.convert_to_tensor(bias))
+
+    want = x @ kernel + (bias if with_bias else 0)
+    np.testing.assert_allclose(harness.to_numpy(fn(*inputs)), want, rtol=1e-4, atol=1e-4)
+    cotangent = _normal(want.shape, 4)
+    got = harness.input_gradients(fn, inputs, cotangent)
+    np.testing.assert_allclose(got[0], cotangent @ kernel.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        got[1], np.einsum("btk,btn->kn", x, cotangent), rtol=1e-4, atol=1e-3
+    )
+    if with_bias:
+        np.testing.assert_allclose(got[2], cotangent.sum((0, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_decoding_computes_the_loop():
+    """`compile_decoding` computes the loop as written, on the first call
+    (trace and compile) and on those after it (what was kept; on
+    TensorFlow its concrete function)."""
+    x, w = _normal((4, 64)), _normal((64, 48), 1)
+
+    def loop(x, w):
+        product = keras.ops.matmul(x, w)
+        return keras.ops.tanh(product), keras.ops.sum(product, axis=1)
+
+    compiled = backend.compile_decoding(loop, [])
+    for _ in range(2):
+        got, sums = (keras.ops.convert_to_numpy(y) for y in compiled(x, w))
+        np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sums, (x @ w).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+def test_preferences_are_declared_per_backend():
+    preferences = backend.preferences()
+    assert isinstance(preferences, backend.Preferences)
+    assert preferences.blocked in ("always", "never")
+    expected = {"tensorflow": "always", "jax": "always", "torch": "never"}
+    assert preferences.blocked == expected[BACKEND]
+    assert preferences.linear_projections
+    assert not preferences.fuse_projections  # an option; no backend's default
+
+
+def _translation_model(seed, **kwargs):
+    """A small built `Seq2SeqTransformer` (two decoder blocks) with weights
+    drawn from `seed`."""
+    from keras_attention.models import Seq2SeqTransformer
+
+    model = Seq2SeqTransformer(
+        13, 11, 8, 8, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
+        hidden_dim=D, intermediate_dim=16, dropout=0.0, **kwargs,
+    )
+    model.build()
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    return model
+
+
+def test_decoding_reads_weights_that_change_after_the_loop_compiled():
+    """A loop compiled at the first call decodes with whatever weights a
+    later call finds: assigned ones, then the first ones again, each equal to
+    greedy decoding by recomputation; the configuration's loop is reused."""
+    model = _translation_model(3)
+    first = [keras.ops.convert_to_numpy(v) for v in model.weights]
+    source = np.array([[3, 4, 5, 6, 7]], "int32")
+    before = model.generate(source, 5, start_token_id=1)
+    np.testing.assert_array_equal(before, _greedy_by_recomputation(model, source, 5, 1))
+    (loop,) = _loops(model)
+    np.testing.assert_array_equal(model.generate(source, 5, start_token_id=1), before)
+
+    rng = np.random.default_rng(11)
+    for variable in model.weights:
+        variable.assign(0.5 * rng.normal(size=variable.shape).astype("float32"))
+    after = model.generate(source, 5, start_token_id=1)
+    np.testing.assert_array_equal(after, _greedy_by_recomputation(model, source, 5, 1))
+    assert not np.array_equal(after, before)
+    assert _loops(model) == [loop]  # the same configuration's loop
+
+    for variable, value in zip(model.weights, first):
+        variable.assign(value)
+    np.testing.assert_array_equal(model.generate(source, 5, start_token_id=1), before)
+
+
+def _greedy_by_recomputation(model, source, new_tokens, start):
+    """Greedy decoding by the full forward pass over the whole target at
+    every step (no cache, no compiled loop)."""
+    tokens = np.full((source.shape[0], 1), start, "int32")
+    for _ in range(new_tokens):
+        logits = model({"encoder_token_ids": source, "decoder_token_ids": tokens})
+        best = np.argmax(keras.ops.convert_to_numpy(logits)[:, -1], axis=-1)
+        tokens = np.concatenate([tokens, best[:, None].astype("int32")], axis=1)
+    return tokens
+
+
+def _loops(model):
+    """The model's compiled decoding loops, in the order they were made."""
+    return list(model._get_generator()._functions.values())
