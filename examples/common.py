@@ -276,8 +276,8 @@ def train_batches(ids, context_length, batch_size, seed, start_step=0):
     num_starts = len(ids) - context_length  # the last start still has T + 1 ids
     if num_starts <= 0:
         raise ValueError(
-            "The training text must be longer than `context_length`. Received: "
-            f"{len(ids)} ids, context_length={context_length}"
+            f"The training text must be longer than the context of {context_length} tokens: "
+            f"give a longer text with --source. Received: {len(ids)} training tokens"
         )
     ids = tf.constant(ids, dtype="int32")
     offsets = tf.range(context_length + 1, dtype="int64")  # (T + 1,)

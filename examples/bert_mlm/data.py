@@ -360,8 +360,8 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
     per_pass = len(pairs) // batch_size
     if per_pass == 0:
         raise ValueError(
-            "The training pairs fill no batch: lower `batch_size`. Received: "
-            f"{len(pairs)} pairs, batch_size={batch_size}"
+            f"The training text gives {len(pairs)} sentence pairs, fewer than one batch of "
+            f"{batch_size}: give a longer text with --source (or --tiny, with smaller batches)"
         )
     first_pass, skip = divmod(start_step, per_pass)
     batches = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(skip)
