@@ -18,8 +18,17 @@ Both models get the same weights (`GPT.from_keras_hub`), so the work is the
 same. Medians of `--repeats` rounds; ratio = KerasHub time / our time (above
 1: ours is faster).
 
+`--sections llama` (or `gpt2,llama`) times `GPT` in the LLaMA configuration
+(RMS norms, rotary positions, SwiGLU, no biases, untied output) next to `GPT`
+in GPT-2's of equal FLOPs: the same width, depth and heads, the SwiGLU width
+2/3 of GPT-2's feed-forward width (three kernels instead of two), and
+KerasHub's `LlamaCausalLM` with our LLaMA's weights; the same training step
+and decoding as above. Ratios there: GPT-2's time / LLaMA's (ours) and
+KerasHub's Llama time / our LLaMA's.
+
     python benchmarks/gpt_speed.py                    # all backends
     python benchmarks/gpt_speed.py --backends jax --lengths 64,256
+    python benchmarks/gpt_speed.py --sections llama   # the LLaMA section only
 """
 
 import argparse
@@ -33,6 +42,10 @@ import time
 SIZES = dict(
     vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128, intermediate_dim=512
 )
+# SwiGLU has three (D, F) kernels where GPT-2's network has two: 2/3 of the
+# width gives the same feed-forward FLOPs (341 * 3 against 512 * 2, to 0.1%).
+LLAMA_INTERMEDIATE_DIM = round(2 * SIZES["intermediate_dim"] / 3)
+SECTIONS = ("gpt2", "llama")
 
 
 def _compile(model):
@@ -57,18 +70,55 @@ def _interleaved(runners, repeats):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+CONTEXT, BATCH, PROMPT_LENGTH = 64, 12, 16
+
+
+def _train_runner(model, inputs, labels, steps):
+    def run():
+        for _ in range(steps):
+            model.train_on_batch(inputs, labels)
+
+    return run
+
+
+def _decode_prompt(rng, length):
+    """A prompt `(1, PROMPT_LENGTH)`, and KerasHub's inputs for it padded to
+    `length` (its generate fills the padded positions)."""
+    import numpy as np
+
+    prompt = rng.integers(1, SIZES["vocabulary_size"], (1, PROMPT_LENGTH)).astype("int32")
+    padded = np.zeros((1, length), "int32")
+    padded[:, :PROMPT_LENGTH] = prompt
+    mask = np.zeros((1, length), bool)
+    mask[:, :PROMPT_LENGTH] = True
+    return prompt, {"token_ids": padded, "padding_mask": mask}
+
+
+def _hub_generate(model, inputs):
+    return lambda: model.generate(inputs, stop_token_ids=None)
+
+
 def worker(args):
     import keras
+    import numpy as np
+
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+    sections = args.sections.split(",")
+    if "gpt2" in sections:
+        _gpt2_section(args, backend, rng)
+    if "llama" in sections:
+        _llama_section(args, backend, rng)
+
+
+def _gpt2_section(args, backend, rng):
     import keras_hub
     import numpy as np
 
     from keras_attention.models import GPT
 
-    backend = keras.backend.backend()
-    rng = np.random.default_rng(0)
-
     # Training step.
-    context, batch = 64, 12
+    context, batch = CONTEXT, BATCH
     backbone = keras_hub.models.GPT2Backbone(
         **SIZES, dropout=0.0, max_sequence_length=context
     )
@@ -80,15 +130,12 @@ def worker(args):
     x, y = ids[:, :-1], ids[:, 1:]
     their_x = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
 
-    def train(model, inputs):
-        def run():
-            for _ in range(args.train_steps):
-                model.train_on_batch(inputs, y)
-
-        return run
-
     medians = _interleaved(
-        {"ours": train(ours, x), "keras_hub": train(theirs, their_x)}, args.repeats
+        {
+            "ours": _train_runner(ours, x, y, args.train_steps),
+            "keras_hub": _train_runner(theirs, their_x, y, args.train_steps),
+        },
+        args.repeats,
     )
     tokens = args.train_steps * batch * context
     print(
@@ -105,7 +152,7 @@ def worker(args):
 
     # Decoding.
     lengths = [int(n) for n in args.lengths.split(",")]
-    prompt_length = 16
+    prompt_length = PROMPT_LENGTH
     backbone = keras_hub.models.GPT2Backbone(
         **SIZES, dropout=0.0, max_sequence_length=max(lengths)
     )
@@ -120,23 +167,14 @@ def worker(args):
     ours = GPT.from_keras_hub(backbone)
     for length in lengths:
         new = length - prompt_length
-        prompt = rng.integers(1, SIZES["vocabulary_size"], (1, prompt_length)).astype("int32")
-        padded = np.zeros((1, length), "int32")
-        padded[:, :prompt_length] = prompt
-        mask = np.zeros((1, length), bool)
-        mask[:, :prompt_length] = True
+        prompt, their_inputs = _decode_prompt(rng, length)
 
         def our_generate(prompt=prompt, new=new):
             ours.generate(prompt, new)
 
-        def their_generate(model, padded=padded, mask=mask):
-            return lambda: model.generate(
-                {"token_ids": padded, "padding_mask": mask}, stop_token_ids=None
-            )
-
-        runners = {"ours": our_generate, "keras_hub": their_generate(theirs)}
+        runners = {"ours": our_generate, "keras_hub": _hub_generate(theirs, their_inputs)}
         if theirs_xla is not None:
-            runners["keras_hub_xla"] = their_generate(theirs_xla)
+            runners["keras_hub_xla"] = _hub_generate(theirs_xla, their_inputs)
         medians = _interleaved(runners, args.repeats)
         print(
             json.dumps(
@@ -157,32 +195,129 @@ def worker(args):
         )
 
 
+def _llama_section(args, backend, rng):
+    """Our LLaMA configuration against our GPT-2 one of equal FLOPs and
+    against KerasHub's Llama with the same weights."""
+    import keras_hub
+    import numpy as np
+
+    from keras_attention.models import GPT
+
+    lengths = [int(n) for n in args.lengths.split(",")]
+    longest = max(lengths + [CONTEXT])
+    sizes = dict(SIZES, dropout=0.0, max_sequence_length=longest)
+    gpt2 = GPT(**sizes)
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=SIZES["vocabulary_size"],
+        num_layers=SIZES["num_layers"],
+        num_query_heads=SIZES["num_heads"],
+        num_key_value_heads=SIZES["num_heads"],  # no grouping: GPT-2's FLOPs
+        hidden_dim=SIZES["hidden_dim"],
+        intermediate_dim=LLAMA_INTERMEDIATE_DIM,
+    )
+    hub_llama = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    llama = GPT.from_keras_hub(backbone, max_sequence_length=longest)
+    models = {"gpt2_config": gpt2, "llama_config": llama, "keras_hub_llama": hub_llama}
+
+    ids = rng.integers(0, SIZES["vocabulary_size"], (BATCH, CONTEXT + 1)).astype("int32")
+    x, y = ids[:, :-1], ids[:, 1:]
+    hub_x = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
+    runners = {}
+    for name, model in models.items():
+        _compile(model)
+        inputs = hub_x if name == "keras_hub_llama" else x
+        runners[name] = _train_runner(model, inputs, y, args.train_steps)
+    medians = _interleaved(runners, args.repeats)
+    tokens = args.train_steps * BATCH * CONTEXT
+    print(
+        json.dumps(
+            {
+                "backend": backend,
+                "kind": "llama_train",
+                "tokens_per_s": {n: tokens / m for n, m in medians.items()},
+                "ratio": medians["gpt2_config"] / medians["llama_config"],
+                "ratio_keras_hub": medians["keras_hub_llama"] / medians["llama_config"],
+            }
+        ),
+        flush=True,
+    )
+
+    hub_llama.compile(sampler="greedy")
+    for length in lengths:
+        new = length - PROMPT_LENGTH
+        prompt, hub_inputs = _decode_prompt(rng, length)
+        runners = {
+            "gpt2_config": lambda prompt=prompt, new=new: gpt2.generate(prompt, new),
+            "llama_config": lambda prompt=prompt, new=new: llama.generate(prompt, new),
+            "keras_hub_llama": _hub_generate(hub_llama, hub_inputs),
+        }
+        medians = _interleaved(runners, args.repeats)
+        print(
+            json.dumps(
+                {
+                    "backend": backend,
+                    "kind": "llama_decode",
+                    "length": length,
+                    "ms_per_token": {n: 1e3 * m / new for n, m in medians.items()},
+                    "ratio": medians["gpt2_config"] / medians["llama_config"],
+                    "ratio_keras_hub": medians["keras_hub_llama"] / medians["llama_config"],
+                }
+            ),
+            flush=True,
+        )
+
+
+def _print_llama_row(backend, row):
+    t = row.get("tokens_per_s") or row["ms_per_token"]
+    unit = "tokens/s" if "tokens_per_s" in row else "ms/token"
+    where = "train  " if row["kind"] == "llama_train" else f"decode  length {row['length']:>4}"
+    print(
+        f"{backend:<11} llama {where}  {unit} GPT-2 config {t['gpt2_config']:>9,.3f}  "
+        f"LLaMA config {t['llama_config']:>9,.3f}  keras_hub Llama "
+        f"{t['keras_hub_llama']:>9,.3f}  ratio GPT-2/LLaMA {row['ratio']:.2f}  "
+        f"keras_hub/LLaMA {row['ratio_keras_hub']:.2f}",
+        flush=True,
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="tensorflow,jax,torch")
     parser.add_argument("--lengths", default="64,128,256,512")
     parser.add_argument("--train-steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--sections", default="gpt2",
+        help="comma-separated: gpt2 (against KerasHub's GPT-2), llama (the LLaMA "
+        "configuration against GPT-2's of equal FLOPs and KerasHub's Llama)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.sections.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"--sections takes {', '.join(SECTIONS)}. Received: {args.sections}")
     if args.worker:
         worker(args)
         return
     print(
         "GPT (cpu preset sizes) against keras_hub GPT2CausalLM, same weights; "
-        f"median of {args.repeats} interleaved rounds; ratio = keras_hub time / our time"
+        f"median of {args.repeats} interleaved rounds; ratio = keras_hub time / our time; "
+        f"sections: {args.sections}"
     )
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
         command = [sys.executable, __file__, "--worker", "--lengths", args.lengths,
-                   "--train-steps", str(args.train_steps), "--repeats", str(args.repeats)]
+                   "--train-steps", str(args.train_steps), "--repeats", str(args.repeats),
+                   "--sections", args.sections]
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         ours = {}  # ms a token by total length
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
             row = json.loads(line)
-            if row["kind"] == "train":
+            if row["kind"].startswith("llama"):
+                _print_llama_row(backend, row)
+            elif row["kind"] == "train":
                 t = row["tokens_per_s"]
                 print(
                     f"{backend:<11} train   tokens/s ours {t['ours']:>9,.0f}  "

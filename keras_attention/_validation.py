@@ -373,3 +373,20 @@ def check_positive_float(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
         raise ValueError(f"`{name}` must be a positive float. Received: {name}={value!r}")
     return float(value)
+
+
+def check_choice(name, value, choices):
+    """Returns `value` if it is one of the strings `choices`, else raises."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {', '.join(repr(c) for c in choices)}. "
+            f"Received: {name}={value!r}"
+        )
+    return value
+
+
+def check_bool(name, value):
+    """Returns `value` as a bool if it is one (Python's or numpy's), else raises."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+    return bool(value)

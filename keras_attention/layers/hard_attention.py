@@ -169,13 +169,11 @@ class HardAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.selection = _check_choice("selection", selection, SELECTIONS)
-        self.estimator = _check_choice("estimator", estimator, ESTIMATORS)
+        self.selection = _validation.check_choice("selection", selection, SELECTIONS)
+        self.estimator = _validation.check_choice("estimator", estimator, ESTIMATORS)
         self.temperature = _check_temperature(temperature)
-        if not isinstance(hard, (bool, np.bool_)):
-            raise ValueError(f"`hard` must be a bool. Received: hard={hard!r}")
-        self.hard = bool(hard)
-        self.inference_selection = _check_choice(
+        self.hard = _validation.check_bool("hard", hard)
+        self.inference_selection = _validation.check_choice(
             "inference_selection", inference_selection, SELECTIONS
         )
         self.seed = _validation.check_seed("seed", seed)
@@ -421,15 +419,6 @@ def _gumbel_noise(shape, dtype, seed):
         shape, minval=tiny, maxval=1.0, dtype=dtype, seed=seed
     )
     return -ops.log(-ops.log(uniform))
-
-
-def _check_choice(name, value, choices):
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(
-            f"`{name}` must be one of {', '.join(repr(c) for c in choices)}. "
-            f"Received: {name}={value!r}"
-        )
-    return value
 
 
 def _check_temperature(temperature):

@@ -17,7 +17,7 @@ from keras_attention.layers.sinusoidal_position_encoding import (
     check_positive_number,
 )
 
-POSITIONS = ("learned", "sinusoidal")
+POSITIONS = ("learned", "sinusoidal", None)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -29,9 +29,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     (`token_embedding`) and `P` the position table: a learned
     `PositionEmbedding(sequence_length)` (`position="learned"`, GPT and BERT)
     or the fixed `SinusoidalPositionEncoding(max_wavelength)`
-    (`position="sinusoidal"`, "Attention Is All You Need"). Sequences longer
-    than `sequence_length` are refused with either kind (checked when the
-    length, or a Python `start_index` plus the length, is static).
+    (`position="sinusoidal"`, "Attention Is All You Need"), or none at all
+    (`position=None`: `output = E[ids]`, for models whose positions enter
+    elsewhere, as rotary embeddings in the attention of LLaMA). Sequences
+    longer than `sequence_length` are refused with every kind (checked when
+    the length, or a Python `start_index` plus the length, is static).
 
     The paper scales the token embedding by `sqrt(D)` before adding the
     sinusoidal table (section 3.4); this layer does not: scale the output, or
@@ -57,7 +59,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         embeddings_initializer: initializer of the token table (and of the
             reverse kernel). Defaults to `"uniform"`, as
             `keras.layers.Embedding`.
-        position: `"learned"` (default) or `"sinusoidal"`.
+        position: `"learned"` (default), `"sinusoidal"` or `None` (no
+            position table).
         max_wavelength: positive number, the longest wavelength of the
             sinusoidal table (used with `position="sinusoidal"`).
         position_initializer: initializer of the learned position table.
@@ -149,19 +152,21 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
-        else:
+        elif position == "sinusoidal":
             self.position_embedding = SinusoidalPositionEncoding(
                 self.max_wavelength,
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
+        else:
+            self.position_embedding = None
         # Masks from `mask_zero` are computed here; with `reverse=True` a mask
         # on the hidden states is dropped quietly (logits carry none).
         self.supports_masking = True
 
     def build(self, inputs_shape):
         self.token_embedding.build(inputs_shape)
-        if not self.position_embedding.built:
+        if self.position_embedding is not None and not self.position_embedding.built:
             self.position_embedding.build(
                 (inputs_shape[0], None, self.embedding_dim)
             )
@@ -173,6 +178,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             return self.token_embedding(inputs, reverse=True)  # (B, T, V)
         _check_ids(inputs.shape, start_index, self.sequence_length)
         tokens = self.token_embedding(inputs)  # (B, T, D)
+        if self.position_embedding is None:
+            return tokens
         positions = self.position_embedding(
             tokens, start_index=start_index, positions=positions
         )  # (B, T, D)

@@ -55,20 +55,23 @@ def is_text(value: Any) -> bool:
     )
 
 
-def keras_hub_backbone(value, argument, backbone_class, owner):
+def keras_hub_backbone(value, argument, backbone_classes, owner):
     """The KerasHub backbone of `value` (a backbone, or a task holding one in
-    `.backbone`); a `TypeError` naming `argument` and what it takes otherwise
-    (with the `from_preset` call meant, for a preset name or folder)."""
+    `.backbone`) whose class is one of `backbone_classes` (names); a
+    `ValueError` naming `argument` and what it takes otherwise (with the
+    `from_preset` call meant, for a preset name or folder)."""
+    names = (backbone_classes,) if isinstance(backbone_classes, str) else tuple(backbone_classes)
     backbone = getattr(value, "backbone", value)
-    if any(base.__name__ == backbone_class for base in type(backbone).__mro__):
+    if any(base.__name__ in names for base in type(backbone).__mro__):
         return backbone
     hint = ""
     if isinstance(value, (str, os.PathLike)):
         hint = f" To load a KerasHub preset by name or folder, call {owner}.from_preset({str(value)!r})."
-    raise TypeError(
-        f"`{argument}` must be a keras_hub.models.{backbone_class}, or a KerasHub task "
-        f"that holds one in `.backbone`. Received: {argument}={value!r:.80} "
-        f"(of type {type(value).__name__}).{hint}"
+    wanted = " or ".join(f"keras_hub.models.{name}" for name in names)
+    raise ValueError(
+        f"`{argument}` must be a {wanted}, or a KerasHub task that holds one in "
+        f"`.backbone`. Received: {argument} of type {type(value).__name__} "
+        f"({value!r:.60}).{hint}"
     )
 
 

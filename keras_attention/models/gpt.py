@@ -20,16 +20,28 @@ from keras_attention.models import _text
 from keras_attention.models import generation
 from keras_attention.models import layouts
 
+POSITIONS = ("learned", "rotary")
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
-    """A decoder-only Transformer language model (GPT-2 by default).
+    """A decoder-only Transformer language model (GPT-2 by default, or LLaMA).
 
     token ids -> token embedding + learned position embedding -> dropout ->
     `num_layers` pre-norm decoder blocks (causal self-attention, GELU
     feed-forward) -> final layer norm -> logits through the transposed token
     embedding (input and output embeddings tied, no output bias). Every
     position predicts the next token from the positions up to itself only.
+
+    LLaMA is a configuration of the same model: `normalization="rms_norm"`
+    (RMS norms with a scale, no offset), `positions="rotary"` (no position
+    table; queries and keys rotated by their positions in every attention
+    layer), `gated_feedforward=True` with `activation="silu"` (SwiGLU),
+    `use_bias=False`, `tie_weights=False` (a separate output projection,
+    without bias), `layer_norm_epsilon=1e-6` and, from LLaMA 2 70B on,
+    grouped-query attention (`num_key_value_heads`). A SwiGLU network has
+    three kernels where GPT-2's has two: `intermediate_dim = 2/3 * 4 D` keeps
+    the feed-forward cost of GPT-2's `4 D`.
 
     With `vocabulary_size=50257, max_sequence_length=1024, num_layers=12,
     num_heads=12, hidden_dim=768, intermediate_dim=3072` it is GPT-2 small,
@@ -49,11 +61,26 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             each residual branch (GPT-2 trains with 0.1).
         activation: the feed-forward activation; GPT-2's is
             `"gelu_approximate"` (the tanh approximation).
-        layer_norm_epsilon: positive float (GPT-2: 1e-5).
+        layer_norm_epsilon: positive float (GPT-2: 1e-5; LLaMA: 1e-6 or
+            1e-5).
         num_key_value_heads: optional int dividing `num_heads`: grouped-query
             attention (not GPT-2).
         use_bias: bool, biases in the attention and feed-forward projections
-            (GPT-2: True; nanoGPT's small configurations: False).
+            (GPT-2: True; nanoGPT's small configurations and LLaMA: False).
+        normalization: `"layer_norm"` (GPT-2) or `"rms_norm"` (LLaMA), the
+            norm before each sub-layer and after the last block.
+        positions: `"learned"` (GPT-2: a position table added to the token
+            embedding) or `"rotary"` (LLaMA: rotary position embeddings of
+            the queries and keys in each self-attention layer, no table).
+            Either way `max_sequence_length` bounds the sequences.
+        rotary_max_wavelength: positive int, the base of the rotary
+            wavelengths (with `positions="rotary"`; LLaMA: 10000).
+        gated_feedforward: bool, a gated feed-forward network
+            (`FeedForward(gated=True)`; with `activation="silu"` SwiGLU, as
+            LLaMA) instead of GPT-2's plain one.
+        tie_weights: bool, whether the logits use the transposed token
+            embedding (GPT-2: True) or a separate `(D, V)` output kernel
+            without bias (LLaMA: False).
         initializer_range: positive float, the standard deviation of the
             normal initializer of every kernel and embedding (GPT-2: 0.02).
         seed: optional int, the seed of the dropout layers.
@@ -82,11 +109,20 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
     (1, 3, 20)
     >>> tuple(model.generate(np.array([[1, 2, 3]]), max_new_tokens=4).shape)
     (1, 7)
+    >>> llama = GPT(vocabulary_size=20, max_sequence_length=16, num_layers=2,
+    ...             num_heads=4, hidden_dim=16, intermediate_dim=32,
+    ...             num_key_value_heads=2, normalization="rms_norm",
+    ...             positions="rotary", gated_feedforward=True,
+    ...             activation="silu", use_bias=False, tie_weights=False,
+    ...             layer_norm_epsilon=1e-6)
+    >>> tuple(llama.generate(np.array([[1, 2, 3]]), max_new_tokens=4).shape)
+    (1, 7)
 
     References:
         - [Radford et al., 2019 (GPT-2)](https://openai.com/research/better-language-models)
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
         - [Holtzman et al., 2020 (top-p sampling)](https://arxiv.org/abs/1904.09751)
+        - [Touvron et al., 2023 (LLaMA)](https://arxiv.org/abs/2302.13971)
     """
 
     # The decoder stack; a subclass may name its own (blocks that override
@@ -107,6 +143,11 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         layer_norm_epsilon=1e-5,
         num_key_value_heads=None,
         use_bias=True,
+        normalization="layer_norm",
+        positions="learned",
+        rotary_max_wavelength=10000,
+        gated_feedforward=False,
+        tie_weights=True,
         initializer_range=0.02,
         seed=None,
         **kwargs,
@@ -129,6 +170,11 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.num_key_value_heads = num_key_value_heads
         self.use_bias = bool(use_bias)
+        self.positions = _validation.check_choice("positions", positions, POSITIONS)
+        self.gated_feedforward = _validation.check_bool(
+            "gated_feedforward", gated_feedforward
+        )
+        self.tie_weights = _validation.check_bool("tie_weights", tie_weights)
         if (
             isinstance(initializer_range, bool)
             or not isinstance(initializer_range, (int, float))
@@ -146,8 +192,9 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             vocabulary_size,
             max_sequence_length,
             hidden_dim,
-            tie_weights=True,
+            tie_weights=self.tie_weights,
             embeddings_initializer=self._initializer(),
+            position="learned" if positions == "learned" else None,
             position_initializer=self._initializer(),
             dtype=self.dtype_policy,
             name="embedding",
@@ -167,10 +214,17 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             normalize_first=True,
             num_key_value_heads=num_key_value_heads,
             use_bias=use_bias,
+            normalization=normalization,
+            use_rotary_embedding=positions == "rotary",
+            rotary_max_wavelength=rotary_max_wavelength,
+            gated_feedforward=self.gated_feedforward,
             seed=None if seed is None else seed + 1,
             dtype=self.dtype_policy,
             name="decoder",
         )
+        arguments = self.decoder.arguments  # validated there
+        self.normalization = arguments.normalization
+        self.rotary_max_wavelength = arguments.rotary_max_wavelength
         self._generator = None  # made at the first `generate` call
 
     def _initializer(self):
@@ -371,42 +425,39 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         )
 
     @classmethod
-    def from_keras_hub(cls, backbone, **kwargs):
-        """A `GPT` holding the weights of a `keras_hub.models.GPT2Backbone`.
+    def from_keras_hub(cls, backbone, max_sequence_length=None, **kwargs):
+        """A `GPT` holding the weights of a KerasHub GPT-2 or LLaMA backbone.
 
         Nothing is downloaded: pass a backbone built or loaded locally. The
-        logits equal `hidden @ token_embedding^T` of the backbone's output.
+        logits equal `backbone.token_embedding(hidden, reverse=True)` of the
+        backbone's output `hidden` (for GPT-2, `hidden @ token_embedding^T`).
+        A `LlamaBackbone` gives the LLaMA configuration (see the class
+        docstring), untied or tied as the backbone is.
 
         Args:
-            backbone: a `keras_hub.models.GPT2Backbone`, or a
-                `keras_hub.models.GPT2CausalLM` (its backbone is taken). A
-                preset name is `GPT.from_preset`'s.
+            backbone: a `keras_hub.models.GPT2Backbone` or
+                `keras_hub.models.LlamaBackbone` (Llama 3's included, without
+                rotary scaling), or a KerasHub task holding one (its
+                `backbone` is taken). A preset name is `GPT.from_preset`'s.
+            max_sequence_length: optional positive int. A GPT-2 backbone's
+                position table fixes it; for a LLaMA backbone (no table) it
+                bounds the sequences, 4096 by default.
             **kwargs: other `GPT` arguments (e.g. `dtype`).
 
         Returns:
             A built `GPT` with copies of the weights.
+
+        Raises:
+            ValueError: for anything but those two backbones, or a LLaMA
+                backbone with scaled rotary positions.
         """
-        backbone = _text.keras_hub_backbone(backbone, "backbone", "GPT2Backbone", "GPT")
-        config = backbone.get_config()
-        model = cls(
-            vocabulary_size=config["vocabulary_size"],
-            max_sequence_length=config["max_sequence_length"],
-            num_layers=config["num_layers"],
-            num_heads=config["num_heads"],
-            hidden_dim=config["hidden_dim"],
-            intermediate_dim=config["intermediate_dim"],
-            dropout=config["dropout"],
-            **kwargs,
+        backbone = _text.keras_hub_backbone(
+            backbone, "backbone", ("GPT2Backbone", "LlamaBackbone"), "GPT"
         )
+        arguments = _keras_hub.gpt_arguments(backbone, max_sequence_length)
+        model = cls(**arguments, **kwargs)
         model.build((None, None))
-        pairs = [
-            (model.embedding.token_embedding, backbone.token_embedding),
-            (model.embedding.position_embedding, backbone.position_embedding),
-            (model.decoder.output_layer_norm, backbone.layer_norm),
-        ]
-        for ours, theirs in zip(model.decoder.blocks, backbone.transformer_layers):
-            pairs += _keras_hub.block_pairs(ours, theirs)
-        for ours, theirs in pairs:
+        for ours, theirs in _keras_hub.gpt_pairs(model, backbone):
             ours.set_weights(theirs.get_weights())
         return model
 
@@ -425,6 +476,11 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "num_key_value_heads": self.num_key_value_heads,
                 "use_bias": self.use_bias,
+                "normalization": self.normalization,
+                "positions": self.positions,
+                "rotary_max_wavelength": self.rotary_max_wavelength,
+                "gated_feedforward": self.gated_feedforward,
+                "tie_weights": self.tie_weights,
                 "initializer_range": self.initializer_range,
                 "seed": self.seed,
             }

@@ -554,6 +554,28 @@ def test_token_and_position_with_sinusoidal_positions():
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
 
+def test_token_and_position_without_positions_is_the_token_table():
+    """`position=None` (positions enter elsewhere, e.g. rotary): `E[ids]`
+    at any start index, no position weights, the length still bounded."""
+    layer = _token_and_position(position=None, tie_weights=False)
+    assert layer.position_embedding is None
+    assert [w.path for w in layer.weights] == [
+        "embedding/token_embedding/embeddings",
+        "embedding/token_embedding/reverse_embeddings",
+    ]
+    tokens = harness.to_numpy(layer.token_embedding.embeddings)
+    ids = _ids()
+    np.testing.assert_array_equal(harness.to_numpy(layer(ids)), tokens[ids])
+    np.testing.assert_array_equal(
+        harness.to_numpy(layer(ids[:, :2], start_index=5)), tokens[ids[:, :2]]
+    )
+    with pytest.raises(ValueError, match=r"length=10 > sequence_length=8"):
+        layer(np.ones((BATCH, 10), "int32"))
+    config = layer.get_config()
+    assert config["position"] is None
+    assert TokenAndPositionEmbedding.from_config(config).position_embedding is None
+
+
 def test_token_and_position_mask_zero():
     layer = _token_and_position(mask_zero=True)
     ids = _ids()
@@ -628,7 +650,7 @@ def test_token_and_position_in_a_functional_model_at_several_lengths():
         np.testing.assert_allclose(logits, hidden @ tokens.T, atol=1e-4)
 
 
-@pytest.mark.parametrize("position", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", None])
 def test_token_and_position_saves_and_loads(tmp_path, position):
     ids = keras.Input((None,), dtype="int32")
     layer = TokenAndPositionEmbedding(
