@@ -65,12 +65,15 @@ CACHE_SUBDIR = "gpt_lm"
 # Backend.
 
 
-def select_backend(argv=None):
+def select_backend(argv=None, parser=None):
     """Sets `KERAS_BACKEND` from a `--backend` argument, before keras loads.
 
     Keras reads `KERAS_BACKEND` once, when it is first imported, so a script
-    calls this before `import keras`; argparse runs later and only validates
-    the rest. Accepts `--backend X` and `--backend=X`; without the argument
+    calls this before `import keras`. Given the script's `parser`, it first
+    parses the whole command line with it, so that `--help` and every bad
+    option (a one-line error naming the option and the value) end the
+    script at once, before the seconds that importing Keras and its backend
+    take. Accepts `--backend X` and `--backend=X`; without the argument
     `KERAS_BACKEND` is left as it is (Keras then defaults to TensorFlow).
     Also quiets TensorFlow's C++ start-up logs unless `TF_CPP_MIN_LOG_LEVEL`
     is set, which likewise must happen before TensorFlow is imported.
@@ -78,6 +81,9 @@ def select_backend(argv=None):
     Args:
         argv: the command-line arguments, without the program name (default
             `sys.argv[1:]`).
+        parser: the script's `argparse` parser, or `None` to read
+            `--backend` alone (a script passes its parser only when it runs
+            as `__main__`, not when a test imports it).
 
     Returns:
         The backend named by `--backend`, or `None` if there is none.
@@ -86,6 +92,8 @@ def select_backend(argv=None):
         ValueError: if the value of `--backend` is not one of `BACKENDS`.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if parser is not None:
+        parser.parse_args(argv)  # exits on --help or a bad option
     backend = None
     for i, arg in enumerate(argv):
         if arg == "--backend" and i + 1 < len(argv):
@@ -95,6 +103,8 @@ def select_backend(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if backend is None:
         # A bare trailing `--backend` is left to argparse, which reports it.
+        if parser is not None:
+            import_tensorflow_quietly()
         return None
     if backend not in BACKENDS:
         # Checked here: an unknown KERAS_BACKEND would fail inside
@@ -104,6 +114,9 @@ def select_backend(argv=None):
             f"Received: --backend={backend!r}"
         )
     os.environ["KERAS_BACKEND"] = backend
+    if parser is not None:
+        # After KERAS_BACKEND is set: importing TensorFlow imports Keras.
+        import_tensorflow_quietly()
     return backend
 
 
@@ -247,8 +260,8 @@ def _check_windows(ids, context_length):
     num_starts = len(ids) - context_length  # the last start still has T + 1 ids
     if num_starts <= 0:
         raise ValueError(
-            "The training text must be longer than `context_length`. Received: "
-            f"{len(ids)} ids, context_length={context_length}"
+            f"The training text must be longer than the context of {context_length} tokens: "
+            f"give a longer text with --source. Received: {len(ids)} training tokens"
         )
     return num_starts
 
@@ -597,18 +610,202 @@ def progress_callback(seconds, metrics=("loss", "accuracy")):
 # The command line.
 
 
+class OptionParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose errors are one line,
+    `<script>: error: argument --steps: must be an integer >= 1. Received:
+    '-3' (see --help)`, without the usage block above it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _integer(text, minimum):
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= {minimum}. Received: {text!r}"
+        )
+    return value
+
+
+def positive_int(text):
+    """An argparse `type`: an integer >= 1 (steps, lengths, counts)."""
+    return _integer(text, 1)
+
+
+def non_negative_int(text):
+    """An argparse `type`: an integer >= 0."""
+    return _integer(text, 0)
+
+
+def _real(text, minimum, inclusive):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not np.isfinite(value) or value < minimum or (
+        value == minimum and not inclusive
+    ):
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}. Received: {text!r}")
+    return value
+
+
+def positive_float(text):
+    """An argparse `type`: a finite number > 0 (a learning rate, a temperature)."""
+    return _real(text, 0.0, inclusive=False)
+
+
+def non_negative_float(text):
+    """An argparse `type`: a finite number >= 0 (a length penalty)."""
+    return _real(text, 0.0, inclusive=True)
+
+
+def source_path(text):
+    """An argparse `type`: a URL (`scheme://...`, fetched later) or a path
+    to a file that exists, is not empty, and (`.gz`) decompresses."""
+    if "://" in text:
+        return text
+    path = pathlib.Path(text)
+    if not path.is_file():
+        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{problem}. Received: {text!r}")
+    if path.stat().st_size == 0:
+        raise argparse.ArgumentTypeError(f"is an empty file. Received: {text!r}")
+    if path.suffix == ".gz":
+        try:
+            with gzip.open(path, "rb") as f:
+                empty = not f.read(1)
+        except (OSError, EOFError) as error:
+            raise argparse.ArgumentTypeError(
+                f"is not a readable gzip file ({error}). Received: {text!r}"
+            ) from None
+        if empty:
+            raise argparse.ArgumentTypeError(f"decompresses to nothing. Received: {text!r}")
+    return text
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow (if installed) with the process's standard error
+    silenced: its C++ start-up lines (oneDNN, CUDA) are written before
+    `TF_CPP_MIN_LOG_LEVEL` is read, twice, also on runs whose backend is
+    JAX or torch (the examples' `tf.data` pipelines import it). An import
+    error is still raised, as a Python exception."""
+    import importlib.util
+
+    if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is None:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def run(main, parser=None, resumable=None):
+    """Runs a script's `main()`: Ctrl-C ends it with a line that says how
+    to resume (`resumable=True`: from the checkpoint in `--output-dir`, read
+    through `parser`; `False`: a training run without checkpoints), and an error reading the data or an invalid value in it with
+    one line naming it (`EXAMPLES_TRACEBACK=1` shows the traceback)."""
+    import zipfile
+    import zlib
+
+    program = pathlib.Path(sys.argv[0]).name
+    try:
+        return main()
+    except KeyboardInterrupt:
+        message = f"{program}: interrupted"
+        if resumable and parser is not None:
+            output = parser.parse_args().output_dir
+            found = load_checkpoint(output)
+            if found is not None:
+                message += (
+                    f"; the checkpoint in {output} holds step {found[0]}: run the same "
+                    "command again to resume from it"
+                )
+            else:
+                message += f"; no checkpoint in {output} yet: run the same command to start again"
+        elif resumable is False:
+            message += " (this example keeps no checkpoint: run it again to start over)"
+        print(message, file=sys.stderr)
+        sys.exit(130)
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile, UnicodeDecodeError, ValueError) as error:
+        if os.environ.get("EXAMPLES_TRACEBACK"):
+            raise
+        source = getattr(parser.parse_args(), "source", None) if parser is not None else None
+        where = f" (--source {source})" if source else ""
+        sys.exit(
+            f"{program}: error{where}: {type(error).__name__}: {error} "
+            "(EXAMPLES_TRACEBACK=1 shows where)"
+        )
+
+
+def backend_option(parser):
+    """Adds `--backend` (the choices `BACKENDS`) to `parser`."""
+    parser.add_argument(
+        "--backend", choices=BACKENDS,
+        help="Keras backend (default: KERAS_BACKEND, else tensorflow)",
+    )
+
+
+def text_option(text):
+    """An argparse `type`: text with at least one character."""
+    if not text:
+        raise argparse.ArgumentTypeError(f"must not be empty. Received: {text!r}")
+    return text
+
+
+def check_trained_model(folder, class_name, train_script, option="--output-dir"):
+    """Exits with one line unless `folder` holds a `model.keras` of the
+    model class `class_name` (read from the file's config, without loading
+    Keras), naming `option`, the folder and what it holds instead; the
+    message says which `train_script` writes such a folder."""
+    import zipfile
+
+    folder = pathlib.Path(folder)
+    path = folder / "model.keras"
+    error = f"{pathlib.Path(sys.argv[0]).name}: error:"
+    hint = f"train one with `python {train_script} {option} {folder}`"
+    if not folder.is_dir():
+        sys.exit(f"{error} {option} {str(folder)!r} does not exist; {hint}")
+    if not path.is_file():
+        sys.exit(
+            f"{error} {option} {str(folder)!r} holds no trained model (no model.keras); "
+            f"{hint}, or wait for the run there to finish"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            found = json.loads(archive.read("config.json")).get("class_name")
+    except (zipfile.BadZipFile, KeyError, ValueError) as problem:
+        sys.exit(f"{error} {path} is not a readable Keras model file ({problem}); {hint}")
+    if found != class_name:
+        sys.exit(
+            f"{error} {option} {str(folder)!r} holds a {found} model, not a {class_name}: "
+            f"it was written by another example; {hint}"
+        )
+
+
 def training_parser(description, output_dir, source_help="corpus path or URL (default: shipped)"):
     """An `argparse` parser with the options every training script takes;
     a script adds its own, then calls `config_from_args`."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = OptionParser(description=description)
     parser.add_argument("--config", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tiny", action="store_true", help="seconds, for tests")
-    parser.add_argument("--backend", choices=BACKENDS)
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--eval-interval", type=int)
+    backend_option(parser)
+    parser.add_argument("--steps", type=positive_int, help="training steps")
+    parser.add_argument(
+        "--eval-interval", type=positive_int, help="steps between evaluations and checkpoints"
+    )
     parser.add_argument("--output-dir", default=output_dir)
     parser.add_argument("--fresh", action="store_true", help="ignore a checkpoint")
-    parser.add_argument("--source", help=source_help)
+    parser.add_argument("--source", type=source_path, help=source_help)
     parser.add_argument("--cache-dir", help="where a downloaded source is kept")
     parser.add_argument(
         "--mixed-precision", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
@@ -639,8 +836,8 @@ def config_from_args(parser, args, presets, config_class, options=()):
             setattr(config, name, getattr(args, name))
     if config.steps % config.eval_interval:
         parser.error(
-            f"--steps ({config.steps}) must be a multiple of the evaluation "
-            f"interval ({config.eval_interval})"
+            f"argument --steps: must be a multiple of the evaluation interval "
+            f"({config.eval_interval}, --eval-interval). Received: {config.steps}"
         )
     return config
 
@@ -776,6 +973,18 @@ def check_resumed_config(saved, config, directory, honoured=()):
             + "\nRun with the checkpoint's options to resume it, or start over "
             "with --fresh or another --output-dir."
         )
+
+
+def trained_line(trained, seconds, steps, output):
+    """The line a training run prints when `fit` returns: the steps and
+    seconds, or, for a run that found its checkpoint already at its last
+    step, that there was nothing to train and what would train more."""
+    if trained:
+        return f"trained {trained} steps in {seconds:.1f} s"
+    return (
+        f"nothing to train: the checkpoint in {output} is at step {steps}, the last of "
+        f"--steps {steps} (a larger --steps trains further, --fresh starts over)"
+    )
 
 
 def resumed_step(model, saved_step):

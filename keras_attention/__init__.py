@@ -19,7 +19,6 @@ from keras_attention import models
 from keras_attention import ops
 from keras_attention import scoring
 from keras_attention import visualization
-
-__version__ = "0.1.0"
+from keras_attention._version import __version__
 
 __all__ = ["layers", "losses", "masking", "models", "ops", "scoring", "visualization", "__version__"]

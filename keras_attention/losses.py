@@ -33,9 +33,16 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Tensor
 
 
-def reinforce_loss(reward, log_prob, entropy=None, baseline=0.0, entropy_weight=0.0):
+def reinforce_loss(
+    reward: Tensor,
+    log_prob: Tensor,
+    entropy: Tensor | None = None,
+    baseline: float | Tensor = 0.0,
+    entropy_weight: float = 0.0,
+) -> Tensor:
     """The per-example REINFORCE surrogate loss.
 
     `loss_i = -(stop_gradient(R_i) - b) * log p_i - entropy_weight * H_i`.

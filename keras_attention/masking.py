@@ -22,13 +22,19 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Tensor
 
 
 def _is_static_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def causal_mask(query_length, key_length=None, query_start=None):
+def causal_mask(
+    query_length: IntOrTensor,
+    key_length: IntOrTensor | None = None,
+    query_start: IntOrTensor | None = None,
+) -> Tensor:
     """Returns the boolean causal mask of shape `(query_length, key_length)`.
 
     Query `i` may attend to keys `0 .. query_start + i`. By default
@@ -83,7 +89,12 @@ def causal_mask(query_length, key_length=None, query_start=None):
     return ops.greater_equal(query_positions[:, None], key_positions[None, :])
 
 
-def sliding_window_mask(query_length, key_length, window, query_start=None):
+def sliding_window_mask(
+    query_length: IntOrTensor,
+    key_length: IntOrTensor,
+    window: int,
+    query_start: IntOrTensor | None = None,
+) -> Tensor:
     """The boolean band `(query_length, key_length)`: query `i` sees key `j`
     when `|query_start + i - j| < window`.
 
@@ -116,7 +127,7 @@ def sliding_window_mask(query_length, key_length, window, query_start=None):
     return ops.logical_and(near_past, ops.logical_not(far_past))
 
 
-def padding_mask(token_ids, pad_id=0):
+def padding_mask(token_ids: Tensor, pad_id: int = 0) -> Tensor:
     """Returns `token_ids != pad_id` as a boolean padding mask.
 
     Args:
@@ -140,7 +151,7 @@ def padding_mask(token_ids, pad_id=0):
     return ops.not_equal(token_ids, ops.cast(pad_id, token_ids.dtype))
 
 
-def standardize_mask(mask, name="mask", ranks=(2, 3, 4)):
+def standardize_mask(mask: Tensor | None, name: str = "mask", ranks: tuple = (2, 3, 4)) -> Tensor | None:
     """Checks a user mask and returns it as a boolean tensor.
 
     Args:
@@ -204,7 +215,7 @@ def _check_mask(mask, name, ranks):
     return dtype
 
 
-def merge_masks(*masks):
+def merge_masks(*masks: Tensor | None) -> Tensor | None:
     """Combines attention masks with AND, ignoring `None`.
 
     Masks of rank 2 are read as `(T, S)`, rank 3 as `(B, T, S)` and rank 4 as

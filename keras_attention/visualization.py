@@ -11,6 +11,8 @@ layer side by side with matplotlib, an optional dependency imported only when
 a plot is drawn.
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -32,7 +34,7 @@ def _has_attention(model):
     )
 
 
-def capture_attention(model, *args, **kwargs):
+def capture_attention(model: keras.layers.Layer, *args: Any, **kwargs: Any) -> list:
     """Runs `model(*args, **kwargs)` once and returns every attention map.
 
     Every attention layer of the package inside `model` records the weights
@@ -46,7 +48,8 @@ def capture_attention(model, *args, **kwargs):
 
     Args:
         model: a `keras.Model` or layer containing attention layers.
-        *args, **kwargs: the inputs, as for `model(...)`.
+        *args: the inputs, as for `model(...)`.
+        **kwargs: the keyword inputs, as for `model(...)`.
 
     Returns:
         A list of `(name, weights)` in call order: `name` is the attention
@@ -61,8 +64,8 @@ def capture_attention(model, *args, **kwargs):
     >>> encoder = layers.TransformerEncoderStack(num_layers=2, intermediate_dim=32, num_heads=2)
     >>> x = np.random.rand(1, 4, 16).astype("float32")
     >>> maps = capture_attention(encoder, x)
-    >>> [(name.split("/")[-2], w.shape) for name, w in maps]
-    [('block_0', (1, 2, 4, 4)), ('block_1', (1, 2, 4, 4))]
+    >>> len(maps), maps[0][0].split("/")[-2], maps[0][1].shape
+    (2, 'block_0', (1, 2, 4, 4))
     """
     if not _has_attention(model):
         raise ValueError(
@@ -122,7 +125,7 @@ def plot_attention(
     except ImportError as error:
         raise ImportError(
             "plot_attention needs matplotlib: pip install matplotlib "
-            "(or keras-attention[examples])"
+            "(or keras3-attention[examples])"
         ) from error
     weights = np.asarray(keras.ops.convert_to_numpy(weights), dtype="float32")
     if weights.ndim == 2:

@@ -70,7 +70,7 @@ def test_tiny_run_trains_saves_resumes_and_samples(tmp_path):
     # Run again: it finds the finished run and trains nothing.
     lines = _run("train.py", "--tiny", "--output-dir", str(output))
     assert f"resuming from step 6 of {output}" in lines
-    assert "trained 0 steps" in "\n".join(lines)
+    assert f"nothing to train: the checkpoint in {output} is at step 6, the last of --steps 6" in "\n".join(lines)
     assert _val_loss(lines) == first
 
     # Other options are refused, naming each (the schedule depends on --steps).

@@ -411,8 +411,8 @@ def _pass_batches(num_pairs, batch_size):
     per_pass = num_pairs // batch_size
     if per_pass == 0:
         raise ValueError(
-            "The training pairs fill no batch: lower `batch_size`. Received: "
-            f"{num_pairs} pairs, batch_size={batch_size}"
+            f"The training text gives {num_pairs} sentence pairs, fewer than one batch of "
+            f"{batch_size}: give a longer text with --source (or --tiny, with smaller batches)"
         )
     return per_pass
 

@@ -34,7 +34,25 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for comm
 import common  # noqa: E402
 import distribute  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+
+
+def build_parser():
+    """The command line (checked before the heavy imports below)."""
+    parser = common.training_parser(
+        __doc__.split("\n")[0], "bert_mlm_output",
+        "text file path or URL (default: the shipped Bible)",
+    )
+    parser.add_argument(
+        "--pretrain-only", action="store_true",
+        help="stop after pretraining and the masked-LM scores (no fine-tuning, demo, picture)",
+    )
+    common.add_prepare_options(parser)
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import keras  # noqa: E402
@@ -301,7 +319,7 @@ def train(model, config, datasets, output, start_step):
             verbose=0,
         )
     seconds = time.perf_counter() - start
-    print(f"trained {config.steps - start_step} steps in {seconds:.1f} s", flush=True)
+    print(common.trained_line(config.steps - start_step, seconds, config.steps, output), flush=True)
     return seconds
 
 
@@ -452,15 +470,7 @@ def plot_attention_heads(model, vocabulary, sentence, layer, path):
 
 
 def parse_args(argv=None):
-    parser = common.training_parser(
-        __doc__.split("\n")[0], "bert_mlm_output",
-        "text file path or URL (default: the shipped Bible)",
-    )
-    parser.add_argument(
-        "--pretrain-only", action="store_true",
-        help="stop after pretraining and the masked-LM scores (no fine-tuning, demo, picture)",
-    )
-    common.add_prepare_options(parser)
+    parser = build_parser()
     args = parser.parse_args(argv)
     return args, common.config_from_args(parser, args, PRESETS, Config)
 
@@ -578,4 +588,4 @@ def _run(args, config, output, checkpoint, start_step, datasets, began):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=True)

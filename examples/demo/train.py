@@ -23,7 +23,6 @@ per character, on the validation text (a model that only knew character
 frequencies would score about 3.3).
 """
 
-import argparse
 import dataclasses
 import math
 import pathlib
@@ -33,7 +32,18 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+def build_parser():
+    """The command line (checked before the heavy imports below)."""
+    parser = common.OptionParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a few steps, in seconds")
+    parser.add_argument("--steps", type=common.positive_int, help="training steps")
+    common.backend_option(parser)
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -197,15 +207,7 @@ def sample(model, tokenizer, prompt_ids, length, temperature, seed):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="a few steps, in seconds")
-    parser.add_argument("--steps", type=int, help="training steps")
-    parser.add_argument(
-        "--backend",
-        choices=common.BACKENDS,
-        help="Keras backend (default: KERAS_BACKEND, else tensorflow)",
-    )
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     config = Config(**TINY) if args.tiny else Config()
     if args.steps is not None:
         config.steps = args.steps
@@ -243,4 +245,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=False)

@@ -13,14 +13,32 @@ each call; every call after the first has the same shapes, so the decoding loop
 compiles once for them.
 """
 
-import argparse
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+
+
+def build_parser():
+    """The command line (checked before the heavy imports)."""
+    parser = common.OptionParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output-dir", default="gpt_lm_output", help="the training run's folder")
+    parser.add_argument("--prompt", default="\n", type=common.text_option)
+    parser.add_argument("--length", type=common.positive_int, default=500, help="new tokens")
+    parser.add_argument("--temperature", type=common.positive_float, default=0.8)
+    parser.add_argument(
+        "--top-k", type=common.non_negative_int, default=40, help="0: sample from every token"
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    common.backend_option(parser)
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
@@ -54,25 +72,22 @@ def sample_text(model, prompt_ids, length, temperature=1.0, top_k=None, seed=Non
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", default="gpt_lm_output")
-    parser.add_argument("--prompt", default="\n")
-    parser.add_argument("--length", type=int, default=500)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--backend", choices=common.BACKENDS)
+    parser = build_parser()
     args = parser.parse_args(argv)
+    output = pathlib.Path(args.output_dir)
+    common.check_trained_model(output, "GPT", "examples/gpt_lm/train.py")
 
     import keras
 
     import data
     import keras_attention  # noqa: F401  registers the classes for loading
 
-    output = pathlib.Path(args.output_dir)
     model = keras.saving.load_model(output / "model.keras")
     tokenizer = data.load_tokenizer(output / "tokenizer.json")
-    prompt = tokenizer.encode(args.prompt)
+    try:
+        prompt = tokenizer.encode(args.prompt)
+    except ValueError as error:
+        parser.error(f"argument --prompt: {error}")
     new = sample_text(
         model, prompt, args.length, args.temperature, args.top_k or None, args.seed
     )
@@ -80,4 +95,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=None)

@@ -35,7 +35,24 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for comm
 import common  # noqa: E402
 import distribute  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+
+
+def build_parser():
+    """The command line (checked before the heavy imports below)."""
+    parser = common.training_parser(__doc__.split("\n")[0], "gpt_lm_output")
+    parser.add_argument("--learning-rate", type=common.positive_float)
+    parser.add_argument("--tokenizer", choices=["char", "bpe"])
+    parser.add_argument(
+        "--eval-batches", type=common.positive_int, metavar="N",
+        help="estimate each split's loss from N random batches, as nanoGPT "
+        "(default: the whole validation split)",
+    )
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import keras  # noqa: E402
@@ -355,22 +372,8 @@ def load_checkpoint(directory):
 # Main.
 
 
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def parse_args(argv=None):
-    parser = common.training_parser(__doc__.split("\n")[0], "gpt_lm_output")
-    parser.add_argument("--learning-rate", type=float)
-    parser.add_argument("--tokenizer", choices=["char", "bpe"])
-    parser.add_argument(
-        "--eval-batches", type=_positive_int, metavar="N",
-        help="estimate each split's loss from N random batches, as nanoGPT "
-        "(default: the whole validation split)",
-    )
+    parser = build_parser()
     args = parser.parse_args(argv)
     config = common.config_from_args(
         parser, args, PRESETS, Config, options=("learning_rate", "tokenizer", "eval_batches")
@@ -446,7 +449,7 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, evalu
         )
     trained = config.steps - start_step
     seconds = time.perf_counter() - start
-    print(f"trained {trained} steps in {seconds:.1f} s")
+    print(common.trained_line(trained, seconds, config.steps, output))
     model.save(output / "model.keras")
     data.save_tokenizer(tokenizer, output / "tokenizer.json")
     # With `eval_batches`, the estimate at the last step: the windows the
@@ -490,4 +493,4 @@ def print_summary(config, trained, wall, checkpointer, evaluation):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=True)

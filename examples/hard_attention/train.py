@@ -32,7 +32,6 @@ last line `accuracy: <value>`: the test accuracy of the last method trained
 (hard attention with REINFORCE by default).
 """
 
-import argparse
 import dataclasses
 import pathlib
 import sys
@@ -41,7 +40,25 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+METHODS = ("soft", "straight_through", "gumbel", "reinforce")
+
+
+def build_parser():
+    """The command line (checked before the heavy imports below)."""
+    parser = common.OptionParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a few steps, in seconds")
+    parser.add_argument("--steps", type=common.positive_int, help="training steps per method")
+    parser.add_argument(
+        "--method", choices=METHODS + ("all",), default="all",
+        help="the method to train (default: all four, REINFORCE last)",
+    )
+    common.backend_option(parser)
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 
 import keras  # noqa: E402
 
@@ -49,8 +66,6 @@ import keras_attention  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import data  # noqa: E402
-
-METHODS = ("soft", "straight_through", "gumbel", "reinforce")
 
 
 @dataclasses.dataclass
@@ -250,19 +265,7 @@ def print_table(config, results):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="a few steps, in seconds")
-    parser.add_argument("--steps", type=int, help="training steps per method")
-    parser.add_argument(
-        "--method", choices=METHODS + ("all",), default="all",
-        help="the method to train (default: all four, REINFORCE last)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=common.BACKENDS,
-        help="Keras backend (default: KERAS_BACKEND, else tensorflow)",
-    )
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     config = Config(**TINY) if args.tiny else Config()
     if args.steps is not None:
         config.steps = args.steps
@@ -280,4 +283,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=False)

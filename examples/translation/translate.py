@@ -8,10 +8,10 @@ Usage:
 
 Loads `model.keras` (safe mode) and the WordPiece vocabularies from the
 training run's output directory and prints one translation a line, in the
-order of the sentences (beam search with 4 beams by default).
+order of the sentences, each source followed by its translation on the line below
+(`  -> ...`; beam search with 4 beams by default).
 """
 
-import argparse
 import pathlib
 import sys
 import time
@@ -19,7 +19,25 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for common
 import common  # noqa: E402
 
-common.select_backend()  # `--backend` must reach KERAS_BACKEND before keras loads.
+
+
+def build_parser():
+    """The command line (checked before the heavy imports)."""
+    parser = common.OptionParser(description=__doc__.split("\n")[0])
+    parser.add_argument("sentences", nargs="+", type=common.text_option, help="English sentences")
+    parser.add_argument(
+        "--output-dir", default="translation_output", help="the training run's folder"
+    )
+    parser.add_argument("--sampling", choices=["beam", "greedy"], default="beam")
+    parser.add_argument("--num-beams", type=common.positive_int, default=4)
+    parser.add_argument("--length-penalty", type=common.non_negative_float, default=0.6)
+    common.backend_option(parser)
+    return parser
+
+
+# `--backend` must reach KERAS_BACKEND before keras loads; `--help` and bad
+# options end the script before it.
+common.select_backend(parser=build_parser() if __name__ == "__main__" else None)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import data  # noqa: E402
@@ -81,24 +99,23 @@ def load(output_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("sentences", nargs="+", help="English sentences")
-    parser.add_argument("--output-dir", default="translation_output")
-    parser.add_argument("--sampling", choices=["beam", "greedy"], default="beam")
-    parser.add_argument("--num-beams", type=int, default=4)
-    parser.add_argument("--length-penalty", type=float, default=0.6)
-    parser.add_argument("--backend", choices=common.BACKENDS)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    common.check_trained_model(
+        args.output_dir, "Seq2SeqTransformer", "examples/translation/train.py"
+    )
 
     start = time.perf_counter()
     model, tokenizer = load(args.output_dir)
-    for line in translate(
+    translations = translate(
         model, tokenizer, args.sentences, args.sampling, args.num_beams,
         args.length_penalty,
-    ):
-        print(line)
+    )
+    # Each source beside its translation; an empty translation (the model
+    # ended it at once) is said as such rather than left a blank line.
+    for source, translation in zip(args.sentences, translations):
+        print(f"{source}\n  -> {translation or '(empty translation)'}")
     print(f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    common.run(main, build_parser(), resumable=None)

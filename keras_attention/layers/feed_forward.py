@@ -51,7 +51,9 @@ class FeedForward(DirectCalls, keras.layers.Layer):
         output_dim: optional positive int, the output width `O`. Defaults to
             the input width `D`.
         use_bias: bool, whether the dense layers have biases.
-        kernel_initializer, bias_initializer, kernel_regularizer,
+        kernel_initializer: as in `keras.layers.Dense`, for every dense layer.
+        bias_initializer: as in `keras.layers.Dense`, for every dense layer.
+        kernel_regularizer: as in `keras.layers.Dense`, for every dense layer.
         bias_regularizer: as in `keras.layers.Dense`, for every dense layer.
         seed: optional int, the seed of the dropout.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).

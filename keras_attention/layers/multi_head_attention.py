@@ -109,8 +109,12 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
             (`ValueError`). `keras.config.enable_flash_attention()` is not
             read.
         seed: optional int, the seed of the dropout.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
+        kernel_initializer: as in `keras.layers.MultiHeadAttention`.
+        bias_initializer: as in `keras.layers.MultiHeadAttention`.
+        kernel_regularizer: as in `keras.layers.MultiHeadAttention`.
+        bias_regularizer: as in `keras.layers.MultiHeadAttention`.
+        activity_regularizer: as in `keras.layers.MultiHeadAttention`.
+        kernel_constraint: as in `keras.layers.MultiHeadAttention`.
         bias_constraint: as in `keras.layers.MultiHeadAttention`.
         **kwargs: base `keras.layers.Layer` arguments.
 

@@ -40,14 +40,16 @@ class TransformerDecoderBlock(TransformerBlock):
     `cross_attention_cache_update_index=0` and reused as it is when `None`.
 
     Args:
-        intermediate_dim, num_heads, dropout, activation, layer_norm_epsilon,
-        kernel_initializer, bias_initializer, normalize_first, key_dim,
-        num_key_value_heads, score, attention_dropout, feedforward_dropout,
-        gated_feedforward, normalization, use_rotary_embedding,
-        rotary_max_wavelength, use_bias, seed: as in
-            `TransformerEncoderBlock`. Rotary embeddings apply to the
-            self-attention only.
-        **kwargs: base `keras.layers.Layer` arguments.
+        intermediate_dim: positive int, the feed-forward width.
+        num_heads: positive int, attention heads.
+        **kwargs: the other arguments of `TransformerEncoderBlock` (`dropout`,
+            `activation`, `layer_norm_epsilon`, `kernel_initializer`,
+            `bias_initializer`, `normalize_first`, `key_dim`,
+            `num_key_value_heads`, `score`, `attention_dropout`,
+            `feedforward_dropout`, `gated_feedforward`, `normalization`,
+            `use_rotary_embedding`, `rotary_max_wavelength`, `use_bias`,
+            `seed`), with the same meaning (rotary embeddings apply to the
+            self-attention only), and base `keras.layers.Layer` arguments.
 
     Call arguments:
         decoder_sequence: `(B, T, D)`.

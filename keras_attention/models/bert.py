@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention.layers._transformer_block import rows_at
 from keras_attention.layers.layer_normalization import LayerNormalization
+from keras_attention.models import _text
 from keras_attention.models import layouts
 from keras_attention.models.bert_encoder import BertEncoder
 
@@ -22,7 +23,7 @@ ENCODER_ARGUMENTS = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class BertMaskedLM(layouts.TensorParallel, keras.Model):
+class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
     """BERT pretrained by masking: logits for the tokens at masked positions.
 
     `BertEncoder` (token + learned position + segment embeddings, layer
@@ -171,15 +172,22 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
         logits = self.token_embedding(x, reverse=True)  # (B, M, V)
         return logits + ops.cast(self.mlm_output_bias, logits.dtype)
 
-    def fill_mask(self, token_ids, mask_token_id, top_k=5, segment_ids=None, padding_mask=None):
+    def fill_mask(self, token_ids, mask_token_id=None, top_k=5, segment_ids=None, padding_mask=None):
         """The `top_k` most likely tokens, with their probabilities, at every
         `mask_token_id` of each row.
 
+        With a `preprocessor` (`from_preset` sets it), `token_ids` may be text
+        (a string or a list of strings, each holding the tokenizer's mask
+        token, such as `"the [MASK] sat"`): the result is then, for each text,
+        one list per mask of `(token, probability)` pairs, most likely first.
+
         Args:
-            token_ids: int `(B, T)` (or `(T,)` for one row).
-            mask_token_id: int, the id of `[MASK]`.
+            token_ids: int `(B, T)` (or `(T,)` for one row), or text.
+            mask_token_id: int, the id of `[MASK]` (default: the
+                preprocessor's tokenizer's).
             top_k: positive int, at most `vocabulary_size`.
-            segment_ids, padding_mask: optional `(B, T)`, as for `call`.
+            segment_ids: optional int `(B, T)`, as for `call`.
+            padding_mask: optional bool `(B, T)`, as for `call`.
 
         Returns:
             One list per row of `(position, ids, probabilities)` per mask, in
@@ -190,7 +198,21 @@ class BertMaskedLM(layouts.TensorParallel, keras.Model):
             ValueError: if a row holds no `mask_token_id`, or `top_k` is not
                 in `[1, vocabulary_size]`.
         """
+        if _text.is_text(token_ids):
+            return _text.fill_mask_text(self, token_ids, top_k)
+        if mask_token_id is None:
+            if self.preprocessor is None:
+                raise ValueError(
+                    "`mask_token_id` is needed for token ids when the model has no "
+                    "preprocessor. Received: mask_token_id=None"
+                )
+            mask_token_id = self.preprocessor.tokenizer.mask_token_id
         ids = np.asarray(keras.ops.convert_to_numpy(token_ids))
+        if ids.ndim not in (1, 2):
+            raise ValueError(
+                "`token_ids` must be ids of shape (batch, length) or (length,), or text. "
+                f"Received: token_ids={token_ids!r:.60} with shape {ids.shape}"
+            )
         if ids.ndim == 1:
             ids = ids[None]
             segment_ids = None if segment_ids is None else np.asarray(segment_ids)[None]

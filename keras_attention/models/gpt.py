@@ -16,6 +16,7 @@ from keras_attention.layers.token_and_position_embedding import (
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.models import _keras_hub
+from keras_attention.models import _text
 from keras_attention.models import generation
 from keras_attention.models import layouts
 
@@ -23,7 +24,7 @@ POSITIONS = ("learned", "rotary")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class GPT(layouts.TensorParallel, keras.Model):
+class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
     """A decoder-only Transformer language model (GPT-2 by default, or LLaMA).
 
     token ids -> token embedding + learned position embedding -> dropout ->
@@ -86,9 +87,15 @@ class GPT(layouts.TensorParallel, keras.Model):
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        token_ids: int `(B, T)`, `T <= max_sequence_length`.
+        token_ids: int `(B, T)`, `T <= max_sequence_length`; or KerasHub's
+            input dictionary `{"token_ids": ..., "padding_mask": ...}`.
         padding_mask: optional bool `(B, T)`, `True` for real tokens.
         training: bool, whether dropout is active.
+
+    Text in, text out (`keras_attention.models._text.CausalTextModel`): with a
+    KerasHub preprocessor in `model.preprocessor` (`GPT.from_preset` sets
+    it), `generate` takes and returns strings. `compile()` without a loss
+    compiles the from-logits cross-entropy.
 
     Returns:
         Logits `(B, T, V)`: position `t` scores the token at `t + 1`.
@@ -240,6 +247,8 @@ class GPT(layouts.TensorParallel, keras.Model):
         self.built = True
 
     def __call__(self, token_ids, *args, **kwargs):
+        if isinstance(token_ids, dict):
+            token_ids, kwargs = _text.unpack_token_inputs(token_ids, kwargs, "GPT")
         # Checked where their values are known (numpy, eager tensors); inside
         # a compiled train step they are not, and an embedding lookup clamps.
         ids = _validation.known_token_ids("token_ids", token_ids)
@@ -248,6 +257,8 @@ class GPT(layouts.TensorParallel, keras.Model):
         return super().__call__(token_ids, *args, **kwargs)
 
     def call(self, token_ids, padding_mask=None, training=None):
+        if isinstance(token_ids, dict):  # as `fit` hands it to a stateless call
+            token_ids, padding_mask = token_ids["token_ids"], token_ids.get("padding_mask")
         x = self.embedding(token_ids)  # (B, T, D)
         x = self.embedding_dropout(x, training=training)
         x = self.decoder(x, decoder_padding_mask=padding_mask, training=training)
@@ -306,7 +317,7 @@ class GPT(layouts.TensorParallel, keras.Model):
     def generate(
         self,
         prompt_ids,
-        max_new_tokens,
+        max_new_tokens=None,
         sampling="greedy",
         temperature=1.0,
         top_k=None,
@@ -315,6 +326,7 @@ class GPT(layouts.TensorParallel, keras.Model):
         stop_token_ids=None,
         prompt_padding_mask=None,
         pad_token_id=0,
+        max_length=None,
     ):
         """Continues prompts token by token with the KV cache.
 
@@ -329,8 +341,12 @@ class GPT(layouts.TensorParallel, keras.Model):
         (`keras_attention.models.generation`).
 
         Args:
-            prompt_ids: int `(B, P)` prompts.
+            prompt_ids: int `(B, P)` prompts; or, with a `preprocessor`, a
+                string or a list of strings (the result is then text too:
+                each prompt with its continuation, special tokens removed;
+                rows end at the tokenizer's end token).
             max_new_tokens: positive int, the tokens to add to each prompt.
+                Give this or `max_length`.
             sampling: `"greedy"` (the most likely token), `"random"` (from
                 `softmax(logits / temperature)`), `"top_k"` (from the `top_k`
                 most likely) or `"top_p"` (from the smallest set of most likely
@@ -345,11 +361,21 @@ class GPT(layouts.TensorParallel, keras.Model):
                 different lengths: each row's prompt is its first `True`
                 positions (right padding); its new tokens follow it.
             pad_token_id: int, the id written after a row has ended.
+            max_length: int, KerasHub's meaning: the output's length, prompt
+                included (`max_new_tokens = max_length - P`). For text without
+                either, the preprocessor's `sequence_length`.
 
         Returns:
             int32 numpy array `(B, P + max_new_tokens)`: each prompt followed
             by its new tokens (then `pad_token_id` where a row ended early).
+            For text, a string (or a list of strings).
         """
+        if _text.is_text(prompt_ids):
+            return _text.generate_text(
+                self, prompt_ids, max_new_tokens, max_length, sampling=sampling,
+                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                stop_token_ids=stop_token_ids,
+            )
         prompt = _validation.to_numpy(prompt_ids)
         if prompt.ndim != 2 or prompt.shape[1] == 0:
             raise ValueError(
@@ -357,6 +383,7 @@ class GPT(layouts.TensorParallel, keras.Model):
                 f"Received: prompt_ids with shape {prompt.shape}"
             )
         self._check_ids("prompt_ids", _validation.known_token_ids("prompt_ids", prompt))
+        max_new_tokens = _text.new_token_count(max_new_tokens, max_length, prompt.shape[1])
         max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
         stop_token_ids = _validation.check_token_id_list(
             "stop_token_ids", stop_token_ids, self.vocabulary_size
@@ -410,7 +437,8 @@ class GPT(layouts.TensorParallel, keras.Model):
         Args:
             backbone: a `keras_hub.models.GPT2Backbone` or
                 `keras_hub.models.LlamaBackbone` (Llama 3's included, without
-                rotary scaling).
+                rotary scaling), or a KerasHub task holding one (its
+                `backbone` is taken). A preset name is `GPT.from_preset`'s.
             max_sequence_length: optional positive int. A GPT-2 backbone's
                 position table fixes it; for a LLaMA backbone (no table) it
                 bounds the sequences, 4096 by default.
@@ -423,6 +451,9 @@ class GPT(layouts.TensorParallel, keras.Model):
             ValueError: for anything but those two backbones, or a LLaMA
                 backbone with scaled rotary positions.
         """
+        backbone = _text.keras_hub_backbone(
+            backbone, "backbone", ("GPT2Backbone", "LlamaBackbone"), "GPT"
+        )
         arguments = _keras_hub.gpt_arguments(backbone, max_sequence_length)
         model = cls(**arguments, **kwargs)
         model.build((None, None))

@@ -21,6 +21,7 @@ from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositi
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _keras_hub
+from keras_attention.models import _text
 from keras_attention.models import beam_search
 from keras_attention.models import generation
 from keras_attention.models import layouts
@@ -30,7 +31,7 @@ SAMPLING = ("greedy", "beam", "random", "top_k", "top_p")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
+class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, keras.Model):
     """An encoder-decoder Transformer (the paper's base model by default).
 
     source ids -> token embedding * sqrt(D) + positions -> `num_encoder_layers`
@@ -63,7 +64,8 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         max_source_length: positive int, the longest source.
         max_target_length: positive int, the longest target (decoder
             input), the start token included.
-        num_encoder_layers, num_decoder_layers: positive ints (paper: 6).
+        num_encoder_layers: positive int (paper: 6).
+        num_decoder_layers: positive int (paper: 6).
         num_heads: positive int dividing `hidden_dim` (paper: 8).
         hidden_dim: positive int `D` (paper: 512).
         intermediate_dim: positive int, the feed-forward width (paper:
@@ -93,6 +95,10 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
 
     Returns:
         Logits `(B, T, V)`: position `t` scores the target token `t + 1`.
+
+    Text in, text out (`keras_attention.models._text.TranslationTextModel`):
+    with a preprocessor in `model.preprocessor` (`from_preset` sets it),
+    `translate("text")` returns the translation as text.
 
     Example:
 
@@ -415,7 +421,9 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
             encoder_token_ids: int `(B, S)` sources, `S <= max_source_length`.
             max_new_tokens: positive int; `1 + max_new_tokens` must not exceed
                 `max_target_length`.
-            start_token_id: the id the decoder starts from.
+            start_token_id: the id the decoder starts from, or a list of ids
+                (a decoder prompt, such as BART's `[</s>, <s>]`; not with
+                beam search).
             end_token_id: optional id that ends a hypothesis (`None`: every
                 hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
@@ -427,7 +435,10 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
                 new tokens, the end token included (0: plain log-probability).
             num_return_sequences: positive int, at most `num_beams`: the best
                 hypotheses returned per source (beam search).
-            temperature, top_k, top_p, seed: for the sampling ones.
+            temperature: for the sampling ones, as in `GPT.generate`.
+            top_k: for `"top_k"`, as in `GPT.generate`.
+            top_p: for `"top_p"`, as in `GPT.generate`.
+            seed: optional int, for the sampling ones.
             encoder_padding_mask: optional bool `(B, S)`; by default the
                 source positions that are not `pad_token_id`.
             return_scores: bool, also return the scores.
@@ -473,7 +484,13 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         if not self.built:
             self.build()
         generator = self._get_generator()
-        start_token_id = generator.check_token("start_token_id", start_token_id)
+        start_ids = [generator.check_token("start_token_id", i) for i in np.ravel(start_token_id)]
+        if len(start_ids) != 1 and sampling == "beam":
+            raise ValueError(
+                "`start_token_id` must be one id with sampling='beam'. Received: "
+                f"start_token_id={start_token_id!r}"
+            )
+        start_token_id = start_ids[0]
         if end_token_id is not None:
             end_token_id = generator.check_token("end_token_id", end_token_id)
             if end_token_id == self.pad_token_id:
@@ -496,7 +513,7 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
                 sequences, scores = sequences[:, 0], scores[:, 0]
             return (sequences, scores) if return_scores else sequences
         outputs = generator.generate(
-            np.full((batch, 1), start_token_id, "int32"),
+            np.tile(np.array(start_ids, "int32"), (batch, 1)),  # (B, len(start_ids))
             max_new_tokens,
             sampling=sampling,
             temperature=temperature,
@@ -534,8 +551,12 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
         exact GELU, one shared token table and unscaled embeddings; the
         logits equal `token_embedding(decoder_output, reverse=True)` of the
         backbone's output. Nothing is downloaded: pass a backbone built or
-        loaded locally.
+        loaded locally (a preset by name or folder: `from_preset`); a
+        `keras_hub.models.BartSeq2SeqLM` gives its backbone.
         """
+        backbone = _text.keras_hub_backbone(
+            backbone, "backbone", "BartBackbone", "Seq2SeqTransformer"
+        )
         config = backbone.get_config()
         model = cls(
             source_vocabulary_size=config["vocabulary_size"],

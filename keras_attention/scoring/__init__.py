@@ -6,6 +6,8 @@ maps query `(..., T, Dq)` and key `(..., S, Dk)` to scores `(..., T, S)`.
 `get` turns a name, an instance or a config into a scorer.
 """
 
+from typing import Any
+
 import keras
 
 from keras_attention.scoring.additive import Additive
@@ -24,7 +26,7 @@ _BY_NAME = {
 }
 
 
-def get(identifier, **kwargs):
+def get(identifier: str | dict | Scorer, **kwargs: Any) -> Scorer:
     """Returns a scorer from a name, an instance or a config.
 
     Args:

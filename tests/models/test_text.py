@@ -1,0 +1,240 @@
+"""Text in, text out, and KerasHub's conventions on the models.
+
+Presets are saved locally (`save_to_preset`) from small randomly initialized
+KerasHub tasks whose tokenizers hold a tiny vocabulary; `from_preset` loads
+them into our models, and their text methods must give what KerasHub's own
+task gives on the same weights (greedy decoding, softmax of the logits).
+"""
+
+import numpy as np
+import pytest
+
+import keras
+from keras_attention.models import GPT
+from keras_attention.models import BertMaskedLM
+from keras_attention.models import Seq2SeqTransformer
+
+keras_hub = pytest.importorskip("keras_hub")
+
+# Byte-pair vocabularies: "Ġ" marks a leading space.
+GPT2_VOCABULARY = {
+    "<|endoftext|>": 0, "Ġ": 1, "a": 2, "b": 3, "c": 4, "Ġa": 5, "Ġb": 6, "Ġc": 7,
+}
+BART_VOCABULARY = {
+    "<s>": 0, "<pad>": 1, "</s>": 2, "<mask>": 3, "Ġ": 4, "a": 5, "b": 6, "c": 7,
+    "Ġa": 8, "Ġb": 9, "Ġc": 10,
+}
+MERGES = ["Ġ a", "Ġ b", "Ġ c"]
+BERT_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat"]
+
+
+def _saved_preset(tmp_path_factory, name, seed, backbone, task_class, preprocessor, **sizes):
+    """A small randomly initialized KerasHub task saved as a local preset:
+    `(folder, task)`, a generating task compiled with greedy sampling."""
+    keras.utils.set_random_seed(seed)
+    backbone = backbone(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
+                        max_sequence_length=16, **sizes)
+    task = task_class(backbone=backbone, preprocessor=preprocessor)
+    folder = tmp_path_factory.mktemp(name)
+    task.save_to_preset(folder)
+    if hasattr(task, "generate"):
+        task.compile(sampler="greedy")
+    return folder, task
+
+
+@pytest.fixture(scope="module")
+def gpt_preset(tmp_path_factory):
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=GPT2_VOCABULARY, merges=MERGES)
+    return _saved_preset(
+        tmp_path_factory, "gpt2_preset", 3, keras_hub.models.GPT2Backbone,
+        keras_hub.models.GPT2CausalLM,
+        keras_hub.models.GPT2CausalLMPreprocessor(tokenizer=tokenizer, sequence_length=10),
+        vocabulary_size=len(GPT2_VOCABULARY),
+    )
+
+
+def _keras_hub_greedy_text(task, prompts, max_length):
+    """KerasHub's greedy continuation of each prompt to `max_length` ids,
+    cut after the first end token it generates, detokenized. (KerasHub's own
+    text path is not the reference: where the end token is also the padding
+    token, as in GPT-2, its loop sees the padding as ended rows and adds no
+    token to these prompts.)"""
+    preprocessor = task.preprocessor
+    tokenizer = preprocessor.tokenizer
+    packed = preprocessor.generate_preprocess(prompts, sequence_length=max_length)
+    packed = {k: keras.ops.convert_to_numpy(v) for k, v in packed.items()}
+    task.preprocessor = None
+    try:
+        ids = keras.ops.convert_to_numpy(
+            task.generate(packed, max_length=max_length, stop_token_ids=None)["token_ids"]
+        )
+    finally:
+        task.preprocessor = preprocessor
+    texts = []
+    for row, length in zip(ids, packed["padding_mask"].sum(axis=1)):
+        ends = np.flatnonzero(row[length:] == tokenizer.end_token_id)
+        row = row[1 : length + (ends[0] if len(ends) else len(row))]  # no start, no end
+        texts.append(_detokenize(tokenizer, row))
+    return texts
+
+
+def _detokenize(tokenizer, ids):
+    text = tokenizer.detokenize(np.asarray(ids, "int32")[None])
+    text = text[0] if isinstance(text, list) else np.asarray(text).reshape(-1)[0]
+    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+
+def test_gpt_from_preset_generates_text_as_keras_hub_does(gpt_preset):
+    folder, task = gpt_preset
+    gpt = GPT.from_preset(str(folder))
+    assert isinstance(gpt.preprocessor, keras_hub.models.GPT2CausalLMPreprocessor)
+    # The preprocessor is no part of the model's weights or config.
+    assert len(gpt.weights) == len(task.backbone.weights)
+    prompts = ["a b", "c", "b a c c"]
+    expected = _keras_hub_greedy_text(task, prompts, 10)
+    assert any(e != p for e, p in zip(expected, prompts))  # something was added
+    assert gpt.generate(prompts, max_length=10) == expected
+    # Without a length, the preprocessor's sequence_length (10), as in KerasHub.
+    assert gpt.generate(prompts) == expected
+    assert gpt.generate(prompts[0], max_length=10) == expected[0]  # a string for a string
+    # max_new_tokens counts the new tokens; max_length, the start token too.
+    assert gpt.generate("a", max_new_tokens=3) == gpt.generate("a", max_length=2 + 3)
+
+
+def test_gpt_max_length_is_the_output_length(gpt_preset):
+    gpt = GPT.from_preset(str(gpt_preset[0]))
+    ids = np.array([[0, 2, 6], [0, 4, 4]])
+    by_length = gpt.generate(ids, max_length=7)
+    assert by_length.shape == (2, 7)
+    np.testing.assert_array_equal(by_length, gpt.generate(ids, max_new_tokens=4))
+    with pytest.raises(ValueError, match=r"max_length.*must exceed.*3 tokens.*max_length=3"):
+        gpt.generate(ids, max_length=3)
+    with pytest.raises(ValueError, match=r"exactly one of `max_new_tokens`.*max_length=5"):
+        gpt.generate(ids, max_new_tokens=2, max_length=5)
+    with pytest.raises(ValueError, match=r"exactly one of .*max_new_tokens=None, max_length=None"):
+        gpt.generate(ids)
+
+
+def test_text_without_a_preprocessor_and_wrong_arguments_say_what_they_take(gpt_preset):
+    gpt = GPT(8, 16, 1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"GPT.generate` was given text.*from_preset"):
+        gpt.generate("hello", 5)
+    with pytest.raises(ValueError, match=r"GPT2Backbone or keras_hub.models.LlamaBackbone.*backbone of type str \('gpt2_base_en'\).*GPT.from_preset\('gpt2_base_en'\)"):
+        GPT.from_keras_hub("gpt2_base_en")
+    with pytest.raises(ValueError, match=r"BartBackbone.*backbone of type GPT2Backbone"):
+        Seq2SeqTransformer.from_keras_hub(gpt_preset[1].backbone)
+    with pytest.raises(TypeError, match=r"`preset` must be .*preset=3"):
+        GPT.from_preset(3)
+    with pytest.raises(TypeError, match=r"`preprocessor` must be a KerasHub preprocessor.*str"):
+        gpt.preprocessor = "gpt2"
+
+
+def test_gpt_takes_keras_hub_input_dictionary():
+    gpt = GPT(8, 16, 1, 2, 8, 16, seed=1)
+    ids = np.array([[1, 2, 3, 0], [4, 5, 0, 0]], "int32")
+    mask = ids != 0
+    expected = keras.ops.convert_to_numpy(gpt(ids, padding_mask=mask))
+    got = keras.ops.convert_to_numpy(gpt({"token_ids": ids, "padding_mask": mask}))
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(gpt({"token_ids": ids})),
+        keras.ops.convert_to_numpy(gpt(ids)), atol=1e-6,
+    )
+    with pytest.raises(ValueError, match=r"'token_ids' and optionally 'padding_mask'.*'segment_ids'"):
+        gpt({"token_ids": ids, "segment_ids": ids})
+
+
+def test_compile_without_a_loss_trains_with_the_from_logits_loss():
+    keras.utils.set_random_seed(0)
+    gpt = GPT(8, 16, 1, 2, 8, 16)
+    x = {"token_ids": np.array([[1, 2, 3, 4, 5, 0]] * 4, "int32"),
+         "padding_mask": np.array([[True] * 5 + [False]] * 4)}
+    y = np.array([[2, 3, 4, 5, 6, 0]] * 4, "int32")
+    gpt.compile(optimizer=keras.optimizers.Adam(1e-2), jit_compile=False)
+    # The loss is the cross-entropy of the softmax of the logits, per token.
+    logits = keras.ops.convert_to_numpy(gpt(x)).astype("float64")
+    log_probabilities = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -np.take_along_axis(log_probabilities, y[..., None], -1).mean()
+    assert gpt.evaluate(x, y, verbose=0) == pytest.approx(expected, rel=1e-4)
+    before = [w.copy() for w in gpt.get_weights()]
+    history = gpt.fit(x, y, epochs=3, verbose=0).history["loss"]
+    assert history[0] > 1 and history[-1] < history[0]
+    assert all(not np.allclose(a, b) for a, b in zip(before, gpt.get_weights()) if a.size > 1)
+    with pytest.raises(ValueError, match=r"`loss` must be given.*Received: loss=None"):
+        gpt.compile(optimizer="adam", loss=None)
+
+
+@pytest.fixture(scope="module")
+def bert_preset(tmp_path_factory):
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=BERT_VOCABULARY)
+    return _saved_preset(
+        tmp_path_factory, "bert_preset", 4, keras_hub.models.BertBackbone,
+        keras_hub.models.BertMaskedLM,
+        keras_hub.models.BertMaskedLMPreprocessor(tokenizer=tokenizer, sequence_length=12),
+        vocabulary_size=len(BERT_VOCABULARY),
+    )
+
+
+def test_bert_from_preset_fills_masks_in_text(bert_preset):
+    folder, task = bert_preset
+    bert = BertMaskedLM.from_preset(str(folder))
+    results = bert.fill_mask(["the [MASK] sat on the [MASK]", "[MASK] cat"], top_k=3)
+    # KerasHub's own model on the same ids: [CLS] the [MASK] sat on the [MASK] [SEP].
+    rows = [[2, 5, 4, 7, 8, 5, 4, 3], [2, 4, 6, 3, 0, 0, 0, 0]]
+    positions = [[2, 6], [1, 1]]
+    logits = keras.ops.convert_to_numpy(task({
+        "token_ids": np.array(rows, "int32"),
+        "segment_ids": np.zeros((2, 8), "int32"),
+        "padding_mask": np.array(rows) != 0,
+        "mask_positions": np.array(positions, "int32"),
+    })).astype("float64")
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    assert [len(r) for r in results] == [2, 1]
+    for row, masks in enumerate(results):
+        for m, pairs in enumerate(masks):
+            top = np.argsort(-probabilities[row, m])[:3]
+            assert [token for token, _ in pairs] == [BERT_VOCABULARY[i] for i in top]
+            np.testing.assert_allclose([p for _, p in pairs], probabilities[row, m, top], rtol=1e-4)
+    assert bert.fill_mask("the [MASK]", top_k=2) == bert.fill_mask(["the [MASK]"], top_k=2)[0]
+    with pytest.raises(ValueError, match=r"mask token '\[MASK\]'.*'the cat'"):
+        bert.fill_mask("the cat")
+    # Token ids take the tokenizer's mask id by default.
+    (ids_result,) = bert.fill_mask(np.array([[2, 5, 4, 3]]), top_k=2)
+    assert [BERT_VOCABULARY[i] for i in ids_result[0][1]] == [t for t, _ in bert.fill_mask("the [MASK]", top_k=2)[0]]
+
+
+def test_bert_ids_without_preprocessor_need_the_mask_id():
+    bert = BertMaskedLM(10, 1, 2, 8, 16, max_sequence_length=8)
+    with pytest.raises(ValueError, match=r"`mask_token_id` is needed.*mask_token_id=None"):
+        bert.fill_mask(np.array([[2, 4, 3]]))
+    with pytest.raises(ValueError, match=r"BertMaskedLM.fill_mask` was given text"):
+        bert.fill_mask("the [MASK]", 4)
+
+
+@pytest.fixture(scope="module")
+def bart_preset(tmp_path_factory):
+    tokenizer = keras_hub.models.BartTokenizer(vocabulary=BART_VOCABULARY, merges=MERGES)
+    preprocessor = keras_hub.models.BartSeq2SeqLMPreprocessor(
+        tokenizer=tokenizer, encoder_sequence_length=10, decoder_sequence_length=8
+    )
+    return _saved_preset(
+        tmp_path_factory, "bart_preset", 5, keras_hub.models.BartBackbone,
+        keras_hub.models.BartSeq2SeqLM, preprocessor, vocabulary_size=len(BART_VOCABULARY),
+    )
+
+
+def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
+    folder, task = bart_preset
+    model = Seq2SeqTransformer.from_preset(str(folder))
+    sources = ["a b", "c c a", "b"]
+    expected = task.generate(sources, max_length=6)
+    assert model.translate(sources, max_length=6) == list(expected)
+    # By default, the preprocessor's decoder_sequence_length (KerasHub's
+    # preset loading sets 1024), at most the model's max_target_length; a
+    # string for a string.
+    assert model.preprocessor.decoder_sequence_length > model.max_target_length
+    text = model.translate(sources[0])
+    assert isinstance(text, str) and [text] == model.translate(sources[:1], max_length=16)
+    with pytest.raises(ValueError, match=r"one id with sampling='beam'"):
+        model.translate("a b", sampling="beam")
