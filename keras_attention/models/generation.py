@@ -9,7 +9,9 @@ through its layers with their KV caches, and the empty caches to start from.
 `Generator` owns everything else, written once for every model:
 
 - the arguments' checks (`sampling`, `temperature`, `top_k`, `top_p`, stop
-  and pad ids, ragged prompts given by a padding mask);
+  and pad ids, ragged prompts given by a padding mask, beams and returned
+  sequences), and the dispatch between the token-by-token loop and beam
+  search (`Generator.run`);
 - prefill: the shortest prompt runs through the step at once (a one-token
   prompt, as a translation's start token, through the loop's own step);
 - the decoding loop (`ops.while_loop`): each step samples a token
@@ -20,6 +22,9 @@ through its layers with their KV caches, and the empty caches to start from.
 - under a compiler, the loop in phases over caches that grow
   (`cache_windows`), so that a step reads the window of slots above its
   position rather than the whole length;
+- beam search (`beam_search`) from the same prompts: the prompt but its
+  last token prefilled once per source, the beams' loop from its last
+  position (a translation's start token alone: no prefill);
 - the compilation per backend (`backend.compile_decoding`: one `jax.jit`,
   `tf.function` with XLA, or on torch an eager loop without autograd),
   made once per sampling configuration and total length and kept. Every
@@ -44,6 +49,44 @@ from keras_attention.models import sampling as sampling_lib
 
 # The largest seed: the compiled loop takes it as an int32.
 SEED_LIMIT = 2**31 - 1
+
+# Every `sampling` of `Generator.run`: beam search and `sampling_lib`'s.
+MODES = ("greedy", "beam") + sampling_lib.SAMPLING[1:]
+
+
+def check_modes(sampling, num_beams, num_return_sequences):
+    """Raises for an unknown `sampling`, a bad `num_beams`, or more returned
+    sequences than beams (or than 1 without beam search); returns
+    `(num_beams, num_return_sequences)` as ints."""
+    if sampling not in MODES:
+        raise ValueError(
+            f"`sampling` must be one of {MODES}. Received: sampling={sampling!r}"
+        )
+    num_beams = _validation.check_positive_int("num_beams", num_beams)
+    num_return_sequences = _validation.check_positive_int(
+        "num_return_sequences", num_return_sequences
+    )
+    limit = num_beams if sampling == "beam" else 1
+    if num_return_sequences > limit:
+        raise ValueError(
+            "`num_return_sequences` must be at most `num_beams` with "
+            "sampling='beam' (1 otherwise). Received: "
+            f"num_return_sequences={num_return_sequences}, num_beams={num_beams}, "
+            f"sampling={sampling!r}"
+        )
+    return num_beams, num_return_sequences
+
+
+def check_length_penalty(length_penalty):
+    """Raises unless `length_penalty` is a real number; returns a float."""
+    if isinstance(length_penalty, bool) or not isinstance(
+        length_penalty, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(
+            "`length_penalty` must be a float. Received: "
+            f"length_penalty={length_penalty!r}"
+        )
+    return float(length_penalty)
 
 
 def check_sampling(sampling, temperature, top_k, top_p):
@@ -284,14 +327,10 @@ class Generator:
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
         total = self._check_total(prompt.shape[1], max_new_tokens)
         top_k = check_sampling(sampling, temperature, top_k, top_p)
-        stop = tuple(int(t) for t in (stop_token_ids or ()))
-        for token in stop + (pad_token_id,):
-            if not 0 <= token < self.vocabulary_size:
-                raise ValueError(
-                    "`stop_token_ids` and `pad_token_id` must be ids in "
-                    f"[0, {self.vocabulary_size}). Received: {token}"
-                )
+        stop = self._check_stop(stop_token_ids, pad_token_id)
         seed = _validation.check_seed("seed", seed, maximum=SEED_LIMIT)
+        if return_scores:
+            length_penalty = check_length_penalty(length_penalty)
         # Rows of different lengths (ragged prompts) pass their lengths;
         # otherwise the loop makes them (one array fewer to convert).
         ragged = prompt_padding_mask is not None
@@ -338,56 +377,144 @@ class Generator:
         if not return_scores:
             return _to_numpy(outputs, "int32")
         ids, log_prob, count = (_to_numpy(x) for x in outputs)
-        scores = log_prob / np.maximum(count, 1).astype("float32") ** float(length_penalty)
+        scores = log_prob / np.maximum(count, 1).astype("float32") ** length_penalty
         return ids.astype("int32"), scores.astype("float32")
+
+    def run(
+        self,
+        prompt,
+        max_new_tokens,
+        sampling="greedy",
+        num_beams=4,
+        num_return_sequences=1,
+        return_scores=False,
+        length_penalty=1.0,
+        stop_token_ids=None,
+        pad_token_id=0,
+        prompt_padding_mask=None,
+        context=(),
+        **options,
+    ):
+        """`generate`, or `beam_search` for `sampling="beam"`, with the
+        models' return convention.
+
+        `options` are `generate`'s `temperature`, `top_k`, `top_p` and
+        `seed`, which beam search checks as greedy decoding does and does
+        not read. Returns int32 numpy `(B, P + max_new_tokens)`, or `(B,
+        num_return_sequences, P + max_new_tokens)` best first when
+        `num_return_sequences > 1`; with `return_scores`, also float32 `(B,)`
+        (or `(B, num_return_sequences)`).
+        """
+        num_beams, num_return_sequences = check_modes(
+            sampling, num_beams, num_return_sequences
+        )
+        arguments = dict(
+            stop_token_ids=stop_token_ids, pad_token_id=pad_token_id,
+            prompt_padding_mask=prompt_padding_mask, context=context,
+        )
+        if sampling != "beam":
+            return self.generate(
+                prompt, max_new_tokens, sampling=sampling, return_scores=return_scores,
+                length_penalty=length_penalty, **arguments, **options,
+            )
+        check_sampling("greedy", options.get("temperature", 1.0), None, None)
+        _validation.check_seed("seed", options.get("seed"), maximum=SEED_LIMIT)
+        sequences, scores = self.beam_search(
+            prompt, max_new_tokens, num_beams=num_beams,
+            length_penalty=length_penalty, **arguments,
+        )
+        sequences = sequences[:, :num_return_sequences]
+        scores = scores[:, :num_return_sequences]
+        if num_return_sequences == 1:
+            sequences, scores = sequences[:, 0], scores[:, 0]
+        return (sequences, scores) if return_scores else sequences
 
     def beam_search(
         self,
-        batch,
+        prompt,
         max_new_tokens,
-        start_token_id,
         num_beams=4,
-        end_token_id=None,
+        stop_token_ids=None,
         pad_token_id=0,
         length_penalty=1.0,
+        prompt_padding_mask=None,
         context=(),
     ):
-        """The `num_beams` best continuations of `start_token_id` per row
-        (`beam_search.beam_search`): int32 `(B, K, 1 + max_new_tokens)` best
-        first, and their float32 scores `(B, K)`."""
+        """The `num_beams` best continuations of each prompt
+        (`beam_search.beam_search`).
+
+        Args:
+            prompt: int numpy `(B, P)` (checked by the model), prompts of
+                equal length.
+            max_new_tokens, stop_token_ids, pad_token_id, context: as
+                `generate`'s.
+            num_beams: positive int `K`.
+            length_penalty: float, the exponent of the number of new tokens
+                in the ranking and the scores.
+            prompt_padding_mask: optional bool `(B, P)`; it must mark every
+                position (beam search takes no ragged prompts).
+
+        Returns:
+            int32 numpy `(B, K, P + max_new_tokens)`, best first, and their
+            float32 scores `(B, K)`: the sum of the new tokens'
+            log-probabilities (a stop token included) over their number
+            `** length_penalty`.
+        """
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
         num_beams = _validation.check_positive_int("num_beams", num_beams)
-        total = self._check_total(1, max_new_tokens)
-        if isinstance(length_penalty, bool) or not isinstance(
-            length_penalty, (int, float)
-        ):
-            raise ValueError(
-                "`length_penalty` must be a float. Received: "
-                f"length_penalty={length_penalty!r}"
-            )
+        batch, prompt_length = prompt.shape
+        total = self._check_total(prompt_length, max_new_tokens)
+        length_penalty = check_length_penalty(length_penalty)
+        stop = self._check_stop(stop_token_ids, pad_token_id)
+        if prompt_padding_mask is not None:
+            lengths = prompt_lengths(prompt, prompt_padding_mask)
+            if lengths.min() < prompt_length:
+                raise ValueError(
+                    "`prompt_padding_mask` must mark every position with "
+                    "sampling='beam': beam search takes prompts of equal length. "
+                    f"Received: prompt lengths {lengths.tolist()}"
+                )
         options = dict(
-            num_beams=num_beams, end_token_id=end_token_id, pad_token_id=pad_token_id,
-            length_penalty=float(length_penalty),
+            num_beams=num_beams, stop=stop, pad_token_id=pad_token_id,
+            length_penalty=length_penalty,
             excluded=pad_token_id if self.pad_is_padding else None,
         )
+        first = prompt_length - 1  # the beams' loop starts at the last prompt token
 
-        def loop(*context):
+        def loop(prompt, *context):
             caches, phases = cache_windows.Phases.plan(
-                self.empty_caches, batch, 0, total, context,
+                self.empty_caches, batch, first, total, context,
                 windowed=backend.preferences().cache_windows,
             )
+            if first:
+                # The prompt's head, once per source: every beam shares it.
+                _, caches = self.step(prompt[:, :first], caches, 0)
             # Row b K + k is beam k of source b.
             caches = keras.tree.map_structure(
                 lambda cache: ops.repeat(cache, num_beams, axis=0), caches
             )
             return beam_search_lib.beam_search(
-                self.step, caches, start_token_id, total, batch=batch,
-                reorder=self.reorder_caches, phases=phases, **options,
+                self.step, caches, prompt, total, reorder=self.reorder_caches,
+                phases=phases, **options,
             )
 
-        key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop)(*context)
+        key = ("beam", batch, prompt_length, total) + tuple(sorted(options.items()))
+        sequences, scores = self._function(key, loop)(
+            prompt.astype("int32", copy=False), *context
+        )
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
+
+    def _check_stop(self, stop_token_ids, pad_token_id):
+        """Raises unless every stop id and the pad id are ids of the
+        vocabulary; returns the stop ids as a tuple of ints."""
+        stop = tuple(int(t) for t in (stop_token_ids or ()))
+        for token in stop + (pad_token_id,):
+            if not 0 <= token < self.vocabulary_size:
+                raise ValueError(
+                    "`stop_token_ids` and `pad_token_id` must be ids in "
+                    f"[0, {self.vocabulary_size}). Received: {token}"
+                )
+        return stop
 
     def _check_total(self, prompt_length, max_new_tokens):
         total = prompt_length + max_new_tokens
