@@ -42,94 +42,10 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention import backend
+from keras_attention.models import _generation_args
 from keras_attention.models import beam_search as beam_search_lib
 from keras_attention.models import cache_windows
 from keras_attention.models import sampling as sampling_lib
-
-
-# The largest seed: the compiled loop takes it as an int32.
-SEED_LIMIT = 2**31 - 1
-
-# Every `sampling` of `Generator.run`: beam search and `sampling_lib`'s.
-MODES = ("greedy", "beam") + sampling_lib.SAMPLING[1:]
-
-
-def check_modes(sampling, num_beams, num_return_sequences):
-    """Raises for an unknown `sampling`, a bad `num_beams`, or more returned
-    sequences than beams (or than 1 without beam search); returns
-    `(num_beams, num_return_sequences)` as ints."""
-    if sampling not in MODES:
-        raise ValueError(
-            f"`sampling` must be one of {MODES}. Received: sampling={sampling!r}"
-        )
-    num_beams = _validation.check_positive_int("num_beams", num_beams)
-    num_return_sequences = _validation.check_positive_int(
-        "num_return_sequences", num_return_sequences
-    )
-    limit = num_beams if sampling == "beam" else 1
-    if num_return_sequences > limit:
-        raise ValueError(
-            "`num_return_sequences` must be at most `num_beams` with "
-            "sampling='beam' (1 otherwise). Received: "
-            f"num_return_sequences={num_return_sequences}, num_beams={num_beams}, "
-            f"sampling={sampling!r}"
-        )
-    return num_beams, num_return_sequences
-
-
-def check_length_penalty(length_penalty):
-    """Raises unless `length_penalty` is a real number; returns a float."""
-    if isinstance(length_penalty, bool) or not isinstance(
-        length_penalty, (int, float, np.integer, np.floating)
-    ):
-        raise ValueError(
-            "`length_penalty` must be a float. Received: "
-            f"length_penalty={length_penalty!r}"
-        )
-    return float(length_penalty)
-
-
-def check_sampling(sampling, temperature, top_k, top_p):
-    """Raises for a bad sampling configuration; returns `top_k` as an int."""
-    if sampling not in sampling_lib.SAMPLING:
-        raise ValueError(
-            f"`sampling` must be one of {sampling_lib.SAMPLING}. Received: "
-            f"sampling={sampling!r}"
-        )
-    if isinstance(temperature, bool) or not (
-        isinstance(temperature, (int, float)) and temperature > 0
-    ):
-        raise ValueError(
-            "`temperature` must be a positive float. Received: "
-            f"temperature={temperature!r}"
-        )
-    if sampling == "top_k":
-        top_k = _validation.check_positive_int("top_k", top_k)
-    if sampling == "top_p" and not (
-        isinstance(top_p, (int, float)) and 0 < top_p <= 1
-    ):
-        raise ValueError(
-            f"`top_p` must be a float in (0, 1]. Received: top_p={top_p!r}"
-        )
-    return top_k
-
-
-def prompt_lengths(prompt, prompt_padding_mask):
-    """Each row's prompt length `(B,)`, the mask's True prefix."""
-    batch, prompt_length = prompt.shape
-    mask = _validation.to_numpy(prompt_padding_mask).astype(bool)
-    lengths = mask.sum(axis=1)
-    if (
-        mask.shape != prompt.shape
-        or not np.array_equal(mask, np.arange(prompt_length)[None] < lengths[:, None])
-        or lengths.min() == 0
-    ):
-        raise ValueError(
-            "`prompt_padding_mask` must have the shape of `prompt_ids` "
-            "and mark a non-empty prefix of each row (right padding). "
-            f"Received: a mask of shape {mask.shape}"
-        )
-    return lengths
 
 
 def decode(
@@ -326,15 +242,17 @@ class Generator:
         (`length`: the new tokens, a stop token included)."""
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
         total = self._check_total(prompt.shape[1], max_new_tokens)
-        top_k = check_sampling(sampling, temperature, top_k, top_p)
-        stop = self._check_stop(stop_token_ids, pad_token_id)
-        seed = _validation.check_seed("seed", seed, maximum=SEED_LIMIT)
+        top_k = _generation_args.check_sampling(sampling, temperature, top_k, top_p)
+        stop = _generation_args.check_stop(stop_token_ids, pad_token_id, self.vocabulary_size)
+        seed = _validation.check_seed("seed", seed, maximum=_generation_args.SEED_LIMIT)
         if return_scores:
-            length_penalty = check_length_penalty(length_penalty)
+            length_penalty = _generation_args.check_length_penalty(length_penalty)
         # Rows of different lengths (ragged prompts) pass their lengths;
         # otherwise the loop makes them (one array fewer to convert).
         ragged = prompt_padding_mask is not None
-        lengths = (prompt_lengths(prompt, prompt_padding_mask).astype("int32"),) if ragged else ()
+        lengths = ()
+        if ragged:
+            lengths = (_generation_args.prompt_lengths(prompt, prompt_padding_mask).astype("int32"),)
         start = int(lengths[0].min()) if ragged else prompt.shape[1]  # the shortest prompt
         options = dict(
             sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
@@ -347,7 +265,7 @@ class Generator:
         noise = ()
         if sampling != "greedy":
             if seed is None:
-                seed = int(np.random.randint(0, SEED_LIMIT))
+                seed = int(np.random.randint(0, _generation_args.SEED_LIMIT))
             top_p = 1.0 if top_p is None else top_p
             noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
 
@@ -405,7 +323,7 @@ class Generator:
         `num_return_sequences > 1`; with `return_scores`, also float32 `(B,)`
         (or `(B, num_return_sequences)`).
         """
-        num_beams, num_return_sequences = check_modes(
+        num_beams, num_return_sequences = _generation_args.check_modes(
             sampling, num_beams, num_return_sequences
         )
         arguments = dict(
@@ -417,8 +335,9 @@ class Generator:
                 prompt, max_new_tokens, sampling=sampling, return_scores=return_scores,
                 length_penalty=length_penalty, **arguments, **options,
             )
-        check_sampling("greedy", options.get("temperature", 1.0), None, None)
-        _validation.check_seed("seed", options.get("seed"), maximum=SEED_LIMIT)
+        # Beam search reads neither; they are checked as greedy decoding does.
+        _generation_args.check_sampling("greedy", options.get("temperature", 1.0), None, None)
+        _validation.check_seed("seed", options.get("seed"), maximum=_generation_args.SEED_LIMIT)
         sequences, scores = self.beam_search(
             prompt, max_new_tokens, num_beams=num_beams,
             length_penalty=length_penalty, **arguments,
@@ -464,10 +383,10 @@ class Generator:
         num_beams = _validation.check_positive_int("num_beams", num_beams)
         batch, prompt_length = prompt.shape
         total = self._check_total(prompt_length, max_new_tokens)
-        length_penalty = check_length_penalty(length_penalty)
-        stop = self._check_stop(stop_token_ids, pad_token_id)
+        length_penalty = _generation_args.check_length_penalty(length_penalty)
+        stop = _generation_args.check_stop(stop_token_ids, pad_token_id, self.vocabulary_size)
         if prompt_padding_mask is not None:
-            lengths = prompt_lengths(prompt, prompt_padding_mask)
+            lengths = _generation_args.prompt_lengths(prompt, prompt_padding_mask)
             if lengths.min() < prompt_length:
                 raise ValueError(
                     "`prompt_padding_mask` must mark every position with "
@@ -503,18 +422,6 @@ class Generator:
             prompt.astype("int32", copy=False), *context
         )
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
-
-    def _check_stop(self, stop_token_ids, pad_token_id):
-        """Raises unless every stop id and the pad id are ids of the
-        vocabulary; returns the stop ids as a tuple of ints."""
-        stop = tuple(int(t) for t in (stop_token_ids or ()))
-        for token in stop + (pad_token_id,):
-            if not 0 <= token < self.vocabulary_size:
-                raise ValueError(
-                    "`stop_token_ids` and `pad_token_id` must be ids in "
-                    f"[0, {self.vocabulary_size}). Received: {token}"
-                )
-        return stop
 
     def _check_total(self, prompt_length, max_new_tokens):
         total = prompt_length + max_new_tokens
