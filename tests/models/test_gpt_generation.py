@@ -32,8 +32,9 @@ LLAMA = dict(
 
 def _randomize(model, seed):
     """Random values for every weight: kernels `N(0, 9 / fan_in)`, the
-    embeddings `N(0, 1)`, norm scales `N(1, 0.04)`, biases and offsets
-    `N(0, 0.01)`: large enough that greedy continuations vary."""
+    embeddings `N(0, 0.25)`, norm scales `N(1, 0.04)`, biases and offsets
+    `N(0, 0.01)`: large enough that greedy continuations vary, small enough
+    that float32 logits (about 1 in size) are exact to 1e-5."""
     rng = np.random.default_rng(seed)
     for variable in model.weights:
         shape, path = tuple(variable.shape), variable.path
@@ -43,7 +44,7 @@ def _randomize(model, seed):
         elif name in ("beta", "bias"):
             value = 0.1 * rng.normal(size=shape)
         elif name == "embeddings":
-            value = rng.normal(size=shape)
+            value = 0.5 * rng.normal(size=shape)
         else:
             # Output projections (H, K, D) read H * K; the others axis 0.
             fan_in = np.prod(shape[:-1]) if "attention_output" in path else shape[0]
