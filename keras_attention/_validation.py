@@ -41,6 +41,13 @@ def check_rate(name, value):
     return float(value)
 
 
+def check_bool(name, value):
+    """Returns `value` as a bool if it is a Python or numpy bool, else raises."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+    return bool(value)
+
+
 def check_seed(name, value, maximum=None):
     """Returns `value` if it is `None` or a non-negative int (at most
     `maximum`, if given), else raises."""

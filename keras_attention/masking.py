@@ -146,7 +146,7 @@ def standardize_mask(mask, name="mask", ranks=(2, 3, 4)):
     Args:
         mask: a boolean or integer tensor (0 = masked), or `None`.
         name: the argument name, used in error messages.
-        ranks: the ranks accepted for this argument.
+        ranks: the ranks accepted for this argument; None: any.
 
     Returns:
         `None` or a boolean tensor of the same shape.
@@ -196,7 +196,7 @@ def _check_mask(mask, name, ranks):
             "boolean mask."
         )
     rank = len(mask.shape)
-    if rank not in ranks:
+    if ranks is not None and rank not in ranks:
         raise ValueError(
             f"`{name}` must have rank {' or '.join(str(r) for r in ranks)}. "
             f"Received: {name} with shape {tuple(mask.shape)} (rank {rank})"

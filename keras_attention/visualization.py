@@ -58,7 +58,7 @@ def capture_attention(model, *args, **kwargs):
 
     >>> import numpy as np
     >>> from keras_attention import layers
-    >>> encoder = layers.TransformerEncoder(num_layers=2, intermediate_dim=32, num_heads=2)
+    >>> encoder = layers.TransformerEncoderStack(num_layers=2, intermediate_dim=32, num_heads=2)
     >>> x = np.random.rand(1, 4, 16).astype("float32")
     >>> maps = capture_attention(encoder, x)
     >>> [(name.split("/")[-2], w.shape) for name, w in maps]

@@ -25,6 +25,7 @@ import pytest
 
 import harness
 import keras_attention  # noqa: F401  (registers the classes for loading)
+from keras_attention import layers
 from keras_attention import scoring
 
 DATA = harness.ROOT / "tests" / "data" / "legacy"
@@ -66,8 +67,20 @@ ARGUMENTS = {
             normalize_first=True,
         ),
     },
+    "transformer_stacks": {
+        "encoder_stack": dict(num_layers=2, intermediate_dim=16, num_heads=2),
+        "decoder_stack": dict(num_layers=2, intermediate_dim=16, num_heads=2),
+    },
 }
 NAMES = sorted(ARGUMENTS)
+# Names that meant the stacks when the files were saved, and now mean one
+# block as in KerasHub: a config with `num_layers` under them loads as the
+# stack, of a subclass that keeps the old class name (the weights file's
+# paths follow it), registered apart.
+RENAMED = {
+    "keras_attention>TransformerEncoder": "keras_attention_legacy>TransformerEncoder",
+    "keras_attention>TransformerDecoder": "keras_attention_legacy>TransformerDecoder",
+}
 
 
 def _load_arrays(name):
@@ -154,8 +167,10 @@ def test_legacy_file_keeps_its_arguments(name):
                 r for r in stored["config"]["layers"] if r["name"] == layer_name
             ]
             registered = record["registered_name"]
-        # The class the file names is still the one that loads it.
-        assert keras.saving.get_registered_name(type(layer)) == registered
+        # The class the file names is still the one that loads it (the
+        # stacks under their new names).
+        loaded = keras.saving.get_registered_name(type(layer))
+        assert loaded == RENAMED.get(registered, registered)
         assert registered.startswith("keras_attention>")
         config = layer.get_config()
         for key, want in arguments.items():
@@ -163,6 +178,24 @@ def test_legacy_file_keeps_its_arguments(name):
             if key == "score":
                 have = type(scoring.get(have)).__name__
             assert have == want, f"{name}: {layer_name}.{key}"
+
+
+def test_stacks_saved_under_their_old_names_load_as_stacks():
+    stored = _stored_config("transformer_stacks")["config"]["layers"]
+    names = {r["name"]: r["registered_name"] for r in stored}
+    assert names["encoder_stack"] == "keras_attention>TransformerEncoder"
+    assert names["decoder_stack"] == "keras_attention>TransformerDecoder"
+    model = _load(DATA / "transformer_stacks.keras")
+    encoder = model.get_layer("encoder_stack")
+    decoder = model.get_layer("decoder_stack")
+    assert isinstance(encoder, layers.TransformerEncoderStack)
+    assert isinstance(decoder, layers.TransformerDecoderStack)
+    assert type(encoder).__name__ == "TransformerEncoder"
+    assert [len(encoder.blocks), len(decoder.blocks)] == [2, 2]
+    assert all(type(b) is layers.TransformerDecoderBlock for b in decoder.blocks)
+    # The old names now mean one block, as in KerasHub.
+    assert issubclass(layers.TransformerEncoder, layers.TransformerEncoderBlock)
+    assert issubclass(layers.TransformerDecoder, layers.TransformerDecoderBlock)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -11,9 +11,9 @@ import pytest
 import harness
 from keras_attention import kernels
 from keras_attention.kernels import choice
-from keras_attention.layers import TransformerDecoder
+from keras_attention.layers import TransformerDecoderStack
 from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoder
+from keras_attention.layers import TransformerEncoderStack
 from keras_attention.visualization import capture_attention
 from keras_attention.visualization import plot_attention
 
@@ -47,10 +47,10 @@ def _model(**kwargs):
     source = keras.Input((None, D), name="source")
     target = keras.Input((None, D), name="target")
     source_mask = keras.Input((None,), dtype="bool", name="source_mask")
-    memory = TransformerEncoder(**common, name="encoder")(
+    memory = TransformerEncoderStack(**common, name="encoder")(
         source, padding_mask=source_mask
     )
-    output = TransformerDecoder(**common, name="decoder")(
+    output = TransformerDecoderStack(**common, name="decoder")(
         target, memory, encoder_padding_mask=source_mask
     )
     model = keras.Model(

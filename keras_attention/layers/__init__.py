@@ -1,5 +1,10 @@
 """Attention layers."""
 
+from keras_attention.layers.additive_attention import AdditiveAttention
+from keras_attention.layers.attention import Attention
+from keras_attention.layers.cached_multi_head_attention import (
+    CachedMultiHeadAttention,
+)
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.hard_attention import HardAttention
 from keras_attention.layers.layer_normalization import LayerNormalization
@@ -15,11 +20,16 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoder
+from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
 __all__ = [
+    "AdditiveAttention",
+    "Attention",
+    "CachedMultiHeadAttention",
     "FeedForward",
     "HardAttention",
     "LayerNormalization",
@@ -32,6 +42,8 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerDecoder",
     "TransformerDecoderBlock",
+    "TransformerDecoderStack",
     "TransformerEncoder",
     "TransformerEncoderBlock",
+    "TransformerEncoderStack",
 ]

@@ -149,8 +149,8 @@ class BlockArguments:
         on JAX or torch should not pay for its blocks."""
         arguments = self._arguments()
         arguments.update(
-            kernel_initializer=_copy_initializer(self.kernel_initializer),
-            bias_initializer=_copy_initializer(self.bias_initializer),
+            kernel_initializer=copy_initializer(self.kernel_initializer),
+            bias_initializer=copy_initializer(self.bias_initializer),
         )
         return arguments
 
@@ -179,8 +179,8 @@ class BlockArguments:
     def initializers(self):
         # Fresh instances, so that no two kernels start equal.
         return {
-            "kernel_initializer": _copy_initializer(self.kernel_initializer),
-            "bias_initializer": _copy_initializer(self.bias_initializer),
+            "kernel_initializer": copy_initializer(self.kernel_initializer),
+            "bias_initializer": copy_initializer(self.bias_initializer),
         }
 
     def attention(self, hidden_dim, name, rotary, seed_offset, dtype):
@@ -298,8 +298,9 @@ class TransformerBlock(keras.layers.Layer):
 
 
 class TransformerStack(keras.layers.Layer):
-    """Base of `TransformerEncoder` and `TransformerDecoder`: N blocks of
-    `block_class` made from one `BlockArguments`, then an optional norm."""
+    """Base of `TransformerEncoderStack` and `TransformerDecoderStack`: N
+    blocks of `block_class` made from one `BlockArguments`, then an optional
+    norm."""
 
     block_class = None
 
@@ -362,7 +363,7 @@ class TransformerStack(keras.layers.Layer):
         return config
 
 
-def _copy_initializer(initializer):
+def copy_initializer(initializer):
     """A new initializer of the same class and config (a plain function,
     which holds no state, as it is)."""
     if isinstance(initializer, keras.initializers.Initializer):

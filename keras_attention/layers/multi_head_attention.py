@@ -5,9 +5,6 @@ length, `H` query heads, `G` key/value heads (`H` divisible by `G`), `K` key
 head size, `V` value head size, `D` model width, `O` output width.
 """
 
-import functools
-import inspect
-import operator
 
 import keras
 from keras import ops
@@ -18,23 +15,12 @@ from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
 from keras_attention import scoring
-from keras_attention.layers import _keras_interop
 from keras_attention.layers import _projection
-
-# The arguments that are Keras objects, serialized by their module.
-_INITIALIZERS = ("kernel_initializer", "bias_initializer")
-_REGULARIZERS = ("kernel_regularizer", "bias_regularizer")
-_CONSTRAINTS = ("kernel_constraint", "bias_constraint")
-# The arguments stored as given.
-_PLAIN_ARGUMENTS = (
-    "num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
-    "num_key_value_heads", "fused", "seed", "attention_axes", "use_gate",
-    "sliding_window", "flash_attention",
-)
-
+from keras_attention.layers._attention_axes import AttentionOverAxes
+from keras_attention.layers._keras_mha import KerasInterface
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(AttentionOverAxes, KerasInterface, keras.layers.Layer):
     """Multi-head attention, a drop-in for `keras.layers.MultiHeadAttention`.
 
     The pipeline of "Attention Is All You Need": project the query to `H`
@@ -219,20 +205,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.attention_axes = _validation.check_attention_axes(attention_axes)
         self.use_gate = bool(use_gate)
         self.sliding_window = check("sliding_window", sliding_window, allow_none=True)
-        if flash_attention not in (None, True, False):
-            raise ValueError(
-                "`flash_attention` must be None, True or False. Received: "
-                f"flash_attention={flash_attention!r}"
-            )
-        if flash_attention is True and fused is False:
-            raise ValueError(
-                "`flash_attention=True` forces the fused kernel, which "
-                "`fused=False` forbids. Received: flash_attention=True, fused=False"
-            )
-        self.flash_attention = flash_attention
-        # `flash_attention` is Keras's name for the fused switch; None leaves
-        # `fused` to decide.
-        self.fused = bool(fused) if flash_attention is None else flash_attention
+        self._store_fused(fused, flash_attention)
         # Self-attention's Q/K/V as one matmul, where the backend prefers it;
         # benchmarks/mha_speed.py toggles it.
         self.fuse_projections = backend.preferences().fuse_projections
@@ -241,12 +214,10 @@ class MultiHeadAttention(keras.layers.Layer):
         self.rotary_embedding = _validation.check_layer(
             "rotary_embedding", rotary_embedding, "a RotaryEmbedding layer"
         )
-        for name, value in zip(_INITIALIZERS, (kernel_initializer, bias_initializer)):
-            setattr(self, name, keras.initializers.get(value))
-        for name, value in zip(_REGULARIZERS, (kernel_regularizer, bias_regularizer)):
-            setattr(self, name, keras.regularizers.get(value))
-        for name, value in zip(_CONSTRAINTS, (kernel_constraint, bias_constraint)):
-            setattr(self, name, keras.constraints.get(value))
+        self._store_keras_objects(
+            kernel_initializer, bias_initializer, kernel_regularizer,
+            bias_regularizer, kernel_constraint, bias_constraint,
+        )
         if flash_attention:
             self._check_flash_attention()
         self.seed_generator = (
@@ -261,38 +232,6 @@ class MultiHeadAttention(keras.layers.Layer):
     @property
     def _value_dim(self):
         return self.value_dim or self.key_dim
-
-    # Keras's private names for the projections, the window and the flash
-    # switch, which Keras's own tests and tools (LoRA, quantization) read.
-    # Saving walks private names after public ones, so weights stay saved
-    # under the public names.
-    _query_dense = property(lambda self: self.query_dense)
-    _key_dense = property(lambda self: self.key_dense)
-    _value_dense = property(lambda self: self.value_dense)
-    _output_dense = property(lambda self: self.output_dense)
-    _gate_dense = property(lambda self: self.gate_dense)
-    _sliding_window = property(lambda self: self.sliding_window)
-    _flash_attention = property(lambda self: bool(self.flash_attention))
-
-    def _check_flash_attention(self):
-        """`flash_attention=True` promises the fused kernel: refuse what
-        would take it away (as Keras does, with its messages)."""
-        received = f"Received: dropout={self.dropout}, flash_attention=True"
-        if self.dropout > 0:
-            raise ValueError(
-                "Dropout is not supported when flash attention is enabled. "
-                f"Please set dropout to 0.0 to use flash attention. {received}"
-            )
-        if self.score.dot_product_scale(self.key_dim) is None:
-            raise ValueError(
-                "`flash_attention=True` needs a (scaled) dot-product scorer. "
-                f"Received: score={scoring.serialize(self.score)!r}"
-            )
-        if self._value_dim != self.key_dim:
-            raise ValueError(
-                "`flash_attention=True` needs value heads of the key heads' "
-                f"size. Received: key_dim={self.key_dim}, value_dim={self.value_dim}"
-            )
 
     def build(self, query_shape, value_shape, key_shape=None):
         self._check_shapes(query_shape, value_shape, key_shape)
@@ -333,29 +272,6 @@ class MultiHeadAttention(keras.layers.Layer):
     def _is_sequence_attention(self, rank, axes):
         """Whether the call is over `(B, T, D)` inputs (the fast paths)."""
         return rank == 3 and axes == (1,)
-
-    def quantize(self, mode=None, type_check=True, config=None):
-        """Quantizes the projections (`EinsumDense.quantize`: `"int8"`,
-        `"int4"`, `"float8"`, ...), as `keras.Model.quantize` does for a
-        model. The attention core is unchanged: quantized kernels leave the
-        fused Q/K/V projection and the decoding fast paths (which read plain
-        kernels) for the projections' own calls, and the fused attention
-        kernels run as before."""
-        for dense in self._projections():
-            dense.quantize(mode, type_check=type_check, config=config)
-        for layer in self._flatten_layers():
-            # The torch backend tracks the new variables (as
-            # `keras.Model.quantize` does after quantizing).
-            track = getattr(layer, "_track_variables", None)
-            if track is not None:
-                track()
-
-    def _projections(self):
-        denses = (
-            self.query_dense, self.key_dense, self.gate_dense, self.value_dense,
-            self.output_dense,
-        )
-        return tuple(d for d in denses if d is not None)
 
     def uses_fused_path(self, training=False, return_attention_scores=False):
         """Whether a call with these arguments takes a fused kernel: a (scaled)
@@ -504,154 +420,6 @@ class MultiHeadAttention(keras.layers.Layer):
             owner=self,
         )
 
-    def _call_compute_attention(self, q, k, v, mask, training, return_attention_scores):
-        """A subclass's `_compute_attention`, with the arguments of Keras's
-        `MultiHeadAttention` or, where its signature has no
-        `return_attention_scores`, of Keras's `GroupedQueryAttention` (which
-        reads the flag from `self._return_attention_scores`)."""
-        method = type(self)._compute_attention
-        if "return_attention_scores" in inspect.signature(method).parameters:
-            return self._compute_attention(q, k, v, mask, training, return_attention_scores)
-        self._return_attention_scores = return_attention_scores
-        return self._compute_attention(q, k, v, mask, training)
-
-    def _check_scores_allowed(self, return_attention_scores):
-        """Keras's error: a forced fused kernel never forms the scores."""
-        if self.flash_attention and return_attention_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to access "
-                "attention scores. Received: flash_attention=True, "
-                "return_attention_scores=True"
-            )
-
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        use_causal_mask=False,
-    ):
-        """Attention of projected heads, Keras's override point.
-
-        The same arguments as `keras.layers.MultiHeadAttention`'s: `query`
-        `(B, T, H, K)`, `key` `(B, S, G, K)`, `value` `(B, S, G, V)`, a
-        boolean `attention_mask` `(B, T, S)` (or `(T, S)`, `(B, H, T, S)`)
-        and `use_causal_mask` (bottom-right aligned). Returns `(output,
-        scores)`: `(B, T, H, V)` and `(B, H, T, S)` (None from a fused
-        kernel). A subclass that overrides it is called by `call` with the
-        causal mask folded into `attention_mask`, as Keras does.
-        """
-        dtype = self.compute_dtype
-        query, key, value = (ops.convert_to_tensor(x, dtype) for x in (query, key, value))
-        mask = masking.standardize_mask(attention_mask, "attention_mask")
-        self._check_scores_allowed(return_attention_scores)
-        return self._attend(
-            query, key, value, mask, bool(use_causal_mask), False,
-            return_attention_scores, training,
-        )
-
-    def _call_over_axes(
-        self, axes, query, value, key, query_mask, value_mask, key_mask,
-        attention_mask, return_attention_scores, training, use_causal_mask,
-        cache, cache_update_index,
-    ):
-        """Attention over `attention_axes` of `(B, d_1, ..., d_n, D)` inputs.
-
-        The other axes `d_i` are batch axes: each query attends to the keys
-        that share them. The inputs are brought to `(B', T', D)` (`B'` the
-        batch and the other axes, `T'` the attention axes, flattened), which
-        the sequence path computes, and the results are brought back; the
-        scores have Keras's layout `(B, <other axes>, H, <query attention
-        axes>, <key attention axes>)`.
-        """
-        if cache is not None or cache_update_index is not None:
-            raise ValueError(
-                "A `cache` needs (batch, length, dim) inputs attended over "
-                f"axis 1. Received: query with shape {tuple(query.shape)}, "
-                f"attention_axes={self.attention_axes!r}"
-            )
-        if len(axes) > 1 and (use_causal_mask or self.sliding_window is not None):
-            raise ValueError(
-                "A causal mask or a sliding window orders positions along one "
-                "attention axis. Received: attention_axes="
-                f"{self.attention_axes!r}, use_causal_mask={use_causal_mask}, "
-                f"sliding_window={self.sliding_window}"
-            )
-        rank = len(query.shape)
-        others = [a for a in range(1, rank - 1) if a not in axes]
-        order = [0] + others + list(axes)  # batch axes, then attention axes
-        layout = _AxesLayout(order, len(others))
-        query_dims = layout.dims(query)
-        key_dims = layout.dims(value)
-        flat_query = layout.flatten(query)  # (B', T', Dq)
-        # The same tensor stays one, for self-attention's fused projection.
-        flat_value = flat_query if value is query else layout.flatten(value)  # (B', S', Dv)
-        flat_key = None if key is None or key is value else layout.flatten(key)  # (B', S', Dk)
-        masks = {}
-        for name, mask, dims in (
-            ("query_mask", query_mask, query_dims),
-            ("value_mask", value_mask, key_dims),
-            ("key_mask", key_mask, key_dims),
-        ):
-            mask = masking.standardize_mask(mask, name, ranks=(rank - 1,))
-            masks[name] = None if mask is None else layout.flatten(mask, features=False)
-        flat_mask = self._flat_attention_mask(attention_mask, layout, query_dims, key_dims)
-        outputs = self._call_sequence(
-            flat_query, flat_value, flat_key, masks["query_mask"],
-            masks["value_mask"], masks["key_mask"], flat_mask,
-            return_attention_scores, training, use_causal_mask, None, None,
-        )
-        output = outputs[0] if return_attention_scores else outputs  # (B', T', *O)
-        output = layout.unflatten(output, query_dims)  # (B, d_1, ..., d_n, *O)
-        if not return_attention_scores:
-            return output
-        scores = ops.reshape(
-            outputs[1],
-            (query_dims[0],) + layout.batch_dims(query_dims) + (self.num_heads,)
-            + layout.attention_dims(query_dims) + layout.attention_dims(key_dims),
-        )  # (B, <other axes>, H, <query attention axes>, <key attention axes>)
-        return output, scores
-
-    def _flat_attention_mask(self, attention_mask, layout, query_dims, key_dims):
-        """A Keras attention mask over attention axes, as `(B', H|1, T', S')`.
-
-        As in Keras, the mask is aligned with the scores `(B, <other axes>,
-        H, <query attention axes>, <key attention axes>)` from the right:
-        missing axes are added before the query attention axes.
-        """
-        if attention_mask is None:
-            return None
-        count = len(layout.attention_dims(query_dims))
-        rank = 2 + len(layout.batch_dims(query_dims)) + 2 * count
-        mask = masking.standardize_mask(
-            attention_mask, "attention_mask", ranks=tuple(range(2, rank + 1))
-        )
-        while len(mask.shape) < rank:
-            mask = ops.expand_dims(mask, -2 * count - 1)
-        heads = mask.shape[rank - 2 * count - 1]
-        heads = self.num_heads if heads not in (1, None) else 1
-        target = (
-            (query_dims[0],) + layout.batch_dims(query_dims) + (heads,)
-            + layout.attention_dims(query_dims) + layout.attention_dims(key_dims)
-        )
-        try:
-            mask = ops.broadcast_to(mask, target)
-        except Exception as error:  # each backend raises its own type
-            raise ValueError(
-                "`attention_mask` must broadcast to the scores (batch, <other "
-                "axes>, heads, <query attention axes>, <key attention axes>) "
-                f"= {target}. Received: attention_mask with shape "
-                f"{tuple(attention_mask.shape)}"
-            ) from error
-        batch = functools.reduce(operator.mul, target[: -2 * count - 1], 1)
-        queries = functools.reduce(operator.mul, layout.attention_dims(query_dims), 1)
-        keys = functools.reduce(operator.mul, layout.attention_dims(key_dims), 1)
-        return ops.reshape(mask, (batch, heads, queries, keys))  # (B', H|1, T', S')
-
     def _project_heads(self, query, value, key, reads_cache):
         """`q` `(B, T, H, K)`, and `k`, `v` `(B, S, G, K|V)` unless the cache
         is read as it is (then None)."""
@@ -729,87 +497,3 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return outputs[0] if len(outputs) == 1 else outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({name: getattr(self, name) for name in _PLAIN_ARGUMENTS})
-        config.update(
-            {
-                "score": scoring.serialize(self.score),
-                "rotary_embedding": None
-                if self.rotary_embedding is None
-                else keras.saving.serialize_keras_object(self.rotary_embedding),
-                "activity_regularizer": keras.regularizers.serialize(
-                    self.activity_regularizer
-                ),
-            }
-        )
-        for names, module in (
-            (_INITIALIZERS, keras.initializers),
-            (_REGULARIZERS, keras.regularizers),
-            (_CONSTRAINTS, keras.constraints),
-        ):
-            config.update({name: module.serialize(getattr(self, name)) for name in names})
-        return config
-
-    @classmethod
-    def from_keras(cls, layer):
-        """Builds a layer equal to a built `keras.layers.MultiHeadAttention`.
-
-        Same configuration, copies of the weights, the same outputs on
-        `(batch, length, dim)` inputs. `layer` must be built, with the default
-        attention axes, no gate and no sliding window (else a `ValueError`).
-
-        Example:
-
-        >>> import keras, numpy as np
-        >>> peer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
-        >>> x = np.random.rand(1, 3, 8).astype("float32")
-        >>> _ = peer(x, x)
-        >>> ours = MultiHeadAttention.from_keras(peer)
-        >>> bool(np.allclose(ours(x, x), peer(x, x), atol=1e-5))
-        True
-        """
-        return _keras_interop.from_keras_multi_head_attention(cls, layer)
-
-
-class _AxesLayout:
-    """Moves a tensor's batch axes (the batch, then the axes attention does
-    not run over) first and its attention axes after, and flattens each
-    group: `(B, d_1, ..., d_n, D) -> (B', T', D)`, and back."""
-
-    def __init__(self, order, count_others):
-        self.order = order  # input axes, batch axes first; features excluded
-        self.count_others = count_others
-
-    def dims(self, x):
-        """`x`'s sizes along `order` (static where known)."""
-        shape = ops.shape(x)
-        return tuple(shape[a] for a in self.order)
-
-    def batch_dims(self, dims):
-        return tuple(dims[1 : 1 + self.count_others])
-
-    def attention_dims(self, dims):
-        return tuple(dims[1 + self.count_others :])
-
-    def flatten(self, x, features=True):
-        """`(B, d..., D) -> (B', T', D)`, or a mask `(B, d...) -> (B', T')`."""
-        perm = self.order + ([len(self.order)] if features else [])
-        x = ops.transpose(x, perm)
-        dims = self.dims_of_transposed(x)
-        batch = functools.reduce(operator.mul, dims[: 1 + self.count_others], 1)
-        length = functools.reduce(operator.mul, dims[1 + self.count_others :], 1)
-        tail = (x.shape[-1],) if features else ()
-        return ops.reshape(x, (batch, length) + tail)
-
-    def dims_of_transposed(self, x):
-        shape = ops.shape(x)
-        return tuple(shape[: len(self.order)])
-
-    def unflatten(self, x, dims):
-        """`(B', T', *O) -> (B, d_1, ..., d_n, *O)`, `dims` the query's
-        sizes along `order`."""
-        x = ops.reshape(x, tuple(dims) + tuple(x.shape[2:]))  # (B, <others>, <attention>, *O)
-        inverse = [self.order.index(a) for a in range(len(self.order))]
-        return ops.transpose(x, inverse + list(range(len(self.order), len(x.shape))))

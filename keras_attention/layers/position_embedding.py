@@ -10,9 +10,8 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
-from keras_attention.layers.sinusoidal_position_encoding import (
-    check_start_index_and_positions,
-)
+from keras_attention.layers.sinusoidal_position_encoding import broadcast_rows
+from keras_attention.layers.sinusoidal_position_encoding import check_table_inputs
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -21,7 +20,8 @@ class PositionEmbedding(keras.layers.Layer):
 
     The layer holds a trainable table `embeddings` of shape
     `(sequence_length, D)` (`D` is the inputs' last dimension, known at build
-    time) and returns its rows `start_index .. start_index + T - 1` (or the
+    time; `position_embeddings` is the same variable, under KerasHub's
+    name) and returns its rows `start_index .. start_index + T - 1` (or the
     rows at `positions`) broadcast to the inputs' shape, in the layer's compute
     dtype; the caller adds them to the embeddings. Rows that are not read get
     no gradient.
@@ -33,7 +33,9 @@ class PositionEmbedding(keras.layers.Layer):
     beyond the table cannot be checked on every backend: TensorFlow raises at
     run time, JAX clamps the slice (`jax.lax.dynamic_slice`).
 
-    A Keras mask on the inputs passes through to the output.
+    A Keras mask on the inputs passes through to the output. Inputs of rank
+    above 3 (`(B, ..., T, D)`, as KerasHub takes them) have their positions
+    on the axis before the features.
 
     Args:
         sequence_length: positive int, the number of positions `L` in the
@@ -43,7 +45,7 @@ class PositionEmbedding(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(B, T, D)`, only its shape is read.
+        inputs: `(B, T, D)` (or `(B, ..., T, D)`), only its shape is read.
         start_index: int or scalar int tensor, the position of the first
             element (for cached decoding, also inside `ops.while_loop`).
             Defaults to 0.
@@ -51,7 +53,7 @@ class PositionEmbedding(keras.layers.Layer):
             each element. Overrides `start_index`.
 
     Returns:
-        The position embedding, `(B, T, D)`.
+        The position embedding, of the inputs' shape.
 
     Example:
 
@@ -100,11 +102,16 @@ class PositionEmbedding(keras.layers.Layer):
             else:
                 # One index dtype for tf.slice's packed start vector.
                 start_index = ops.cast(start_index, "int32")
-            length = ops.shape(inputs)[1]
+            length = ops.shape(inputs)[-2]
             rows = ops.slice(
                 table, (start_index, 0), (length, table.shape[-1])
             )  # (T, D)
-        return ops.broadcast_to(rows, ops.shape(inputs))  # (B, T, D)
+        return broadcast_rows(rows, inputs)  # (B, ..., T, D)
+
+    @property
+    def position_embeddings(self):
+        """The table `embeddings`, under the name KerasHub gives it."""
+        return self.embeddings
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
@@ -124,15 +131,9 @@ class PositionEmbedding(keras.layers.Layer):
         return config
 
     def _check_inputs(self, inputs_shape, start_index, positions):
-        _validation.check_rank("inputs", inputs_shape, 3)
-        if inputs_shape[-1] is None:
-            raise ValueError(
-                "The last dimension of `inputs` must be known. Received: "
-                f"inputs with shape {tuple(inputs_shape)}"
-            )
-        start = check_start_index_and_positions(inputs_shape, start_index, positions)
+        start = check_table_inputs(inputs_shape, start_index, positions)
         if positions is None:
-            check_length(inputs_shape[1], start, self.sequence_length)
+            check_length(inputs_shape[-2], start, self.sequence_length)
 
 
 def check_length(length, start_index, sequence_length):

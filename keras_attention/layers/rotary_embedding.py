@@ -1,8 +1,11 @@
 """Rotary position embedding (RoPE): positions as rotations of query and key.
 
 Shape legend: `B` batch, `T` sequence length, `H` heads, `D` head size (even),
-`D/2` rotated pairs.
+`D/2` rotated pairs; `...` further axes (heads).
 """
+
+import math
+import numbers
 
 import keras
 import numpy as np
@@ -14,6 +17,9 @@ from keras_attention.layers.sinusoidal_position_encoding import (
     check_start_index_and_positions,
     standardize_positions,
 )
+
+
+ROPE_TYPES = ("linear", "dynamic", "yarn")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -34,22 +40,45 @@ class RotaryEmbedding(keras.layers.Layer):
 
     A rotation keeps norms, and rotating `q` at position `m` and `k` at
     position `n` gives `q' . k' = q^T R(n - m) k`: attention scores depend on
-    positions only through the offset `n - m`. `scaling_factor > 1` is linear
-    position interpolation (positions divided by the factor), for sequences
-    longer than those seen in training.
+    positions only through the offset `n - m`.
 
-    The rotation is computed in float32; the output has the inputs' dtype
-    (the compute dtype, after Keras autocasting). The layer has no weights.
+    Longer contexts than those seen in training (`rope_type`, with
+    `scaling_factor = s > 1`), as in KerasHub:
+
+    - `"linear"` (default): position interpolation, every frequency divided
+      by `s` (Chen et al., 2023);
+    - `"dynamic"`: frequencies divided by `s ** (D / (D - 2))` (NTK-aware);
+    - `"yarn"`: YaRN (Peng et al., 2023), the high frequencies kept, the low
+      ones interpolated, a linear ramp between the dimensions that turn
+      `beta_fast` and `beta_slow` times over `original_max_position_embeddings`
+      positions; `cos` and `sin` scaled by `0.1 ln(s) + 1`.
+
+    The frequencies are computed in float64 with numpy, the rotation in
+    float32; the output has the layer's compute dtype (the dtype policy's,
+    so `mixed_float16` gives float16). The layer has no weights.
 
     Args:
         max_wavelength: positive number, the base of the wavelengths (the
             paper's 10000). Defaults to 10000.
-        scaling_factor: positive number dividing the positions. Defaults to
-            1.0.
+        scaling_factor: positive number, the context extension factor `s`.
+            Defaults to 1.0.
+        rope_type: `"linear"` (default), `"dynamic"` or `"yarn"`.
+        beta_fast: positive number, YaRN's fast boundary. Defaults to 32.
+        beta_slow: positive number, YaRN's slow boundary. Defaults to 1.
+        original_max_position_embeddings: positive int, YaRN's training
+            context length. Defaults to 4096.
+        truncate: bool, whether YaRN rounds its ramp's ends to whole
+            dimensions. Defaults to True.
+        sequence_axis: int, the axis of the positions. Defaults to 1.
+        feature_axis: int, the axis rotated (its size `D` even). Defaults
+            to -1.
+        denominator_dim: optional positive int used instead of `D` in the
+            exponent `2i / D` (for models that rotate part of each head).
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(B, T, H, D)` queries or keys, `D` even.
+        inputs: queries or keys of rank 3 or more, batch on axis 0:
+            `(B, T, H, D)` or `(B, T, D)` with the default axes.
         start_index: int or scalar int tensor, the position of the first
             element (for cached decoding, also inside `ops.while_loop`).
             Defaults to 0.
@@ -57,7 +86,7 @@ class RotaryEmbedding(keras.layers.Layer):
             each element. Overrides `start_index`.
 
     Returns:
-        The rotated inputs, `(B, T, H, D)`.
+        The rotated inputs, of the inputs' shape.
 
     Example:
 
@@ -73,46 +102,137 @@ class RotaryEmbedding(keras.layers.Layer):
     References:
         - [Su et al., 2021 (RoFormer)](https://arxiv.org/abs/2104.09864)
         - [Chen et al., 2023 (position interpolation)](https://arxiv.org/abs/2306.15595)
+        - [Peng et al., 2023 (YaRN)](https://arxiv.org/abs/2309.00071)
     """
 
-    def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
+    def __init__(
+        self,
+        max_wavelength=10000,
+        scaling_factor=1.0,
+        rope_type="linear",
+        beta_fast=32.0,
+        beta_slow=1.0,
+        original_max_position_embeddings=4096,
+        truncate=True,
+        sequence_axis=1,
+        feature_axis=-1,
+        denominator_dim=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
         self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
+        self.rope_type = _check_rope_type(rope_type)
+        self.beta_fast = check_positive_number("beta_fast", beta_fast)
+        self.beta_slow = check_positive_number("beta_slow", beta_slow)
+        self.original_max_position_embeddings = _validation.check_positive_int(
+            "original_max_position_embeddings", original_max_position_embeddings
+        )
+        self.truncate = _validation.check_bool("truncate", truncate)
+        for name, axis in (("sequence_axis", sequence_axis), ("feature_axis", feature_axis)):
+            setattr(self, name, _check_axis(name, axis))
+        self.denominator_dim = _validation.check_positive_int(
+            "denominator_dim", denominator_dim, allow_none=True
+        )
         self.supports_masking = True
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None):
-        _check_inputs(inputs.shape, start_index, positions)
-        head_dim = inputs.shape[-1]
-        positions = standardize_positions(inputs, start_index, positions)
+        sequence_axis, feature_axis = self._check_inputs(
+            inputs.shape, start_index, positions
+        )
+        rank = len(inputs.shape)
+        moved = (sequence_axis, feature_axis) != (1, rank - 1)
+        x = inputs
+        if moved:
+            x = ops.moveaxis(x, (sequence_axis, feature_axis), (1, -1))  # (B, T, ..., D)
+        head_dim = x.shape[-1]
+        positions = standardize_positions(x, start_index, positions)
         if len(positions.shape) == 1:
             positions = ops.expand_dims(positions, 0)  # (1, T)
-        exponents = np.arange(0, head_dim, 2) / head_dim  # 2i / D
-        inverse_frequency = (
-            np.power(float(self.max_wavelength), -exponents)
-            / float(self.scaling_factor)
-        ).astype("float32")
         # On the backend's device: torch will not multiply a GPU tensor by a
         # numpy array.
-        inverse_frequency = ops.convert_to_tensor(inverse_frequency)  # (D/2,)
+        inverse_frequency = ops.convert_to_tensor(
+            self._inverse_frequency(head_dim).astype("float32")
+        )  # (D/2,)
         angles = ops.expand_dims(positions, -1) * inverse_frequency  # (B|1, T, D/2)
-        angles = ops.expand_dims(angles, 2)  # (B|1, T, 1, D/2)
+        for _ in range(len(x.shape) - 3):
+            angles = ops.expand_dims(angles, 2)  # (B|1, T, 1, ..., D/2)
         cos, sin = ops.cos(angles), ops.sin(angles)
+        if self.rope_type == "yarn":
+            factor = 0.1 * math.log(self.scaling_factor) + 1.0
+            cos, sin = cos * factor, sin * factor
 
-        x = ops.cast(inputs, "float32")
-        x1, x2 = ops.split(x, 2, axis=-1)  # (B, T, H, D/2) each
+        x = ops.cast(x, "float32")
+        x1, x2 = ops.split(x, 2, axis=-1)  # (B, T, ..., D/2) each
         rotated = ops.concatenate(
             [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
-        )  # (B, T, H, D)
-        return ops.cast(rotated, inputs.dtype)
+        )  # (B, T, ..., D)
+        if moved:
+            rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
+        return ops.cast(rotated, self.compute_dtype)
+
+    def _inverse_frequency(self, head_dim):
+        """The `D/2` angular frequencies, float64 (numpy)."""
+        exponents = np.arange(0, head_dim, 2) / (self.denominator_dim or head_dim)
+        inverse = np.power(float(self.max_wavelength), -exponents)  # (D/2,)
+        scale = float(self.scaling_factor)
+        if self.rope_type == "linear":
+            return inverse / scale
+        if self.rope_type == "dynamic":
+            return inverse / scale ** (head_dim / max(1, head_dim - 2))
+        return self._yarn_inverse_frequency(head_dim)
+
+    def _yarn_inverse_frequency(self, head_dim):
+        """YaRN's frequencies (Peng et al., 2023, section 3.2)."""
+        base = float(self.max_wavelength)
+        extrapolated = np.power(base, -np.arange(0, head_dim, 2) / head_dim)
+        interpolated = extrapolated / float(self.scaling_factor)
+
+        def dimension(rotations):
+            # The dimension whose wavelength fits `rotations` turns into the
+            # training context.
+            turns = self.original_max_position_embeddings / (rotations * 2 * math.pi)
+            return head_dim * math.log(turns) / (2 * math.log(base))
+
+        low, high = dimension(self.beta_fast), dimension(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0.0), min(high, head_dim - 1.0)
+        ramp = np.clip(
+            (np.arange(head_dim // 2) - low) / max(high - low, 0.001), 0.0, 1.0
+        )
+        return interpolated * ramp + extrapolated * (1.0 - ramp)
+
+    def _check_inputs(self, inputs_shape, start_index, positions):
+        """Checks the inputs; returns the sequence and feature axes, >= 0."""
+        rank = len(inputs_shape)
+        _validation.check_rank("inputs", inputs_shape, max(rank, 3))
+        axes = []
+        for name in ("sequence_axis", "feature_axis"):
+            axis = getattr(self, name)
+            if not -rank < axis < rank or axis % rank == 0:
+                raise ValueError(
+                    f"`{name}` must name an axis of the inputs other than the "
+                    f"batch axis 0. Received: {name}={axis} for inputs of rank {rank}"
+                )
+            axes.append(axis % rank)
+        if axes[0] == axes[1]:
+            raise ValueError(
+                "`sequence_axis` and `feature_axis` must differ. Received: "
+                f"sequence_axis={self.sequence_axis}, feature_axis={self.feature_axis}"
+            )
+        moved = [d for i, d in enumerate(inputs_shape) if i not in axes]
+        moved = moved[:1] + [inputs_shape[axes[0]]] + moved[1:] + [inputs_shape[axes[1]]]
+        _check_inputs(moved, start_index, positions)
+        return tuple(axes)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
 
     def compute_output_spec(self, inputs, start_index=0, positions=None):
-        _check_inputs(inputs.shape, start_index, positions)
-        return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
+        self._check_inputs(inputs.shape, start_index, positions)
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -120,13 +240,37 @@ class RotaryEmbedding(keras.layers.Layer):
             {
                 "max_wavelength": self.max_wavelength,
                 "scaling_factor": self.scaling_factor,
+                "rope_type": self.rope_type,
+                "beta_fast": self.beta_fast,
+                "beta_slow": self.beta_slow,
+                "original_max_position_embeddings": (
+                    self.original_max_position_embeddings
+                ),
+                "truncate": self.truncate,
+                "sequence_axis": self.sequence_axis,
+                "feature_axis": self.feature_axis,
+                "denominator_dim": self.denominator_dim,
             }
         )
         return config
 
 
+def _check_rope_type(rope_type):
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"`rope_type` must be one of {ROPE_TYPES}. Received: rope_type={rope_type!r}"
+        )
+    return rope_type
+
+
+def _check_axis(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"`{name}` must be an integer. Received: {name}={value!r}")
+    return int(value)
+
+
 def _check_inputs(inputs_shape, start_index, positions):
-    _validation.check_rank("inputs", inputs_shape, 4)
+    """Checks inputs `(B, T, ..., D)` (their axes moved so)."""
     head_dim = inputs_shape[-1]
     if head_dim is None or head_dim % 2:
         raise ValueError(

@@ -21,8 +21,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         PE[pos, 2i]     = sin(pos / max_wavelength ** (2i / D))
         PE[pos, 2i + 1] = cos(pos / max_wavelength ** (2i / D))
 
-    Sines and cosines are interleaved, as in the paper (KerasHub's layer puts
-    them in two halves instead). The wavelengths form a geometric progression
+    Sines and cosines are interleaved, as in the paper and in KerasHub's
+    `SinePositionEncoding` (the two layers agree to float32 rounding). The
+    wavelengths form a geometric progression
     from `2 pi` to `max_wavelength * 2 pi`, so `PE[pos + k]` is a linear
     function of `PE[pos]` for any fixed offset `k`. An odd `D` is allowed:
     the last column is then a sine.
@@ -31,7 +32,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     T - 1` (or the given `positions`) broadcast to the inputs' shape, in the
     layer's compute dtype; the caller adds it to the embeddings. The table is
     computed in float32 and has no weights. A Keras mask on the inputs passes
-    through to the output.
+    through to the output. Inputs of rank above 3 (`(B, ..., T, D)`, as
+    KerasHub takes them) have their positions on the axis before the
+    features.
 
     Args:
         max_wavelength: positive number, the longest wavelength over `2 pi`
@@ -39,7 +42,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(B, T, D)`, only its shape is read.
+        inputs: `(B, T, D)` (or `(B, ..., T, D)`), only its shape is read.
         start_index: int or scalar int tensor, the position of the first
             element (for cached decoding, also inside `ops.while_loop`).
             Defaults to 0.
@@ -47,7 +50,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             each element. Overrides `start_index`.
 
     Returns:
-        The position encoding, `(B, T, D)`.
+        The position encoding, of the inputs' shape.
 
     Example:
 
@@ -70,19 +73,19 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None):
-        _check_inputs(inputs.shape, start_index, positions)
-        positions = standardize_positions(inputs, start_index, positions)
+        check_table_inputs(inputs.shape, start_index, positions)
+        positions = standardize_positions(inputs, start_index, positions, -2)
         table = sinusoidal_table(
             positions, inputs.shape[-1], self.max_wavelength
         )  # (T, D) or (B, T, D)
         table = ops.cast(table, self.compute_dtype)
-        return ops.broadcast_to(table, ops.shape(inputs))  # (B, T, D)
+        return broadcast_rows(table, inputs)  # (B, ..., T, D)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
 
     def compute_output_spec(self, inputs, start_index=0, positions=None):
-        _check_inputs(inputs.shape, start_index, positions)
+        check_table_inputs(inputs.shape, start_index, positions)
         return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
 
     def get_config(self):
@@ -111,17 +114,28 @@ def sinusoidal_table(positions, dim, max_wavelength):
     return ops.where(is_sine, ops.sin(angles), ops.cos(angles))  # (..., T, D)
 
 
-def standardize_positions(inputs, start_index, positions):
-    """Float32 positions `(T,)` or `(B, T)` for inputs `(B, T, ...)`."""
+def broadcast_rows(rows, inputs):
+    """Position rows `(T, D)` or `(B, T, D)` broadcast to `inputs`
+    `(B, ..., T, D)`."""
+    if len(rows.shape) == 3:
+        for _ in range(len(inputs.shape) - 3):
+            rows = ops.expand_dims(rows, 1)  # (B, 1, ..., T, D)
+    return ops.broadcast_to(rows, ops.shape(inputs))
+
+
+def standardize_positions(inputs, start_index, positions, sequence_axis=1):
+    """Float32 positions `(T,)` or `(B, T)` for inputs whose `sequence_axis`
+    has length `T` (`(B, T, ...)` by default)."""
     if positions is not None:
         return ops.cast(positions, "float32")
-    length = ops.shape(inputs)[1]
+    length = ops.shape(inputs)[sequence_axis]
     positions = ops.arange(length, dtype="float32")  # (T,)
     return positions + ops.cast(start_index, "float32")
 
 
-def check_start_index_and_positions(inputs_shape, start_index, positions):
-    """Checks `start_index` and the rank and length of `positions`.
+def check_start_index_and_positions(inputs_shape, start_index, positions, sequence_axis=1):
+    """Checks `start_index` and the rank and length of `positions` (the
+    length of the inputs' `sequence_axis`, their batch size on axis 0).
 
     `start_index` is a Python int, a numpy integer or a scalar integer
     tensor, at least 0 whenever its value is known (eagerly); returns that
@@ -137,7 +151,7 @@ def check_start_index_and_positions(inputs_shape, start_index, positions):
             f"Received: positions with shape {shape}"
         )
     _validation.check_same_dim(
-        "positions", shape[-1], "inputs", inputs_shape[1], "length"
+        "positions", shape[-1], "inputs", inputs_shape[sequence_axis], "length"
     )
     if len(shape) == 2:
         _validation.check_same_dim(
@@ -161,11 +175,15 @@ def check_positive_number(name, value):
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
-def _check_inputs(inputs_shape, start_index, positions):
-    _validation.check_rank("inputs", inputs_shape, 3)
+def check_table_inputs(inputs_shape, start_index, positions):
+    """Checks the inputs of a position table: rank 3 or more (positions on
+    the axis before the features), a known width; returns `start_index`'s
+    value where known."""
+    _validation.check_rank("inputs", inputs_shape, max(len(inputs_shape), 3))
     if inputs_shape[-1] is None:
         raise ValueError(
             "The last dimension of `inputs` must be known. Received: inputs "
             f"with shape {tuple(inputs_shape)}"
         )
-    check_start_index_and_positions(inputs_shape, start_index, positions)
+    return check_start_index_and_positions(inputs_shape, start_index, positions, -2)
+

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._transformer_block import copy_initializer
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.position_embedding import check_length
 from keras_attention.layers.sinusoidal_position_encoding import (
@@ -57,13 +58,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         tie_weights: bool, whether `reverse=True` uses the transposed token
             table (`True`, default) or a separate kernel.
         embeddings_initializer: initializer of the token table (and of the
-            reverse kernel). Defaults to `"uniform"`, as
-            `keras.layers.Embedding`.
+            reverse kernel), and of the learned position table unless
+            `position_initializer` is given, as in KerasHub. Defaults to
+            `"uniform"`, as `keras.layers.Embedding`.
         position: `"learned"` (default), `"sinusoidal"` or `None` (no
             position table).
         max_wavelength: positive number, the longest wavelength of the
             sinusoidal table (used with `position="sinusoidal"`).
-        position_initializer: initializer of the learned position table.
+        position_initializer: optional initializer of the learned position
+            table. Defaults to None: a copy of `embeddings_initializer`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -107,7 +110,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         embeddings_initializer="uniform",
         position="learned",
         max_wavelength=10000,
-        position_initializer="glorot_uniform",
+        position_initializer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -130,7 +133,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.mask_zero = bool(mask_zero)
         self.tie_weights = bool(tie_weights)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.position_initializer = keras.initializers.get(position_initializer)
+        self.position_initializer = (
+            None
+            if position_initializer is None
+            else keras.initializers.get(position_initializer)
+        )
         # Sublayers exist from construction (their shapes do not depend on the
         # inputs), so weights can be shared or copied before the first call.
         self.token_embedding = keras.layers.ReversibleEmbedding(
@@ -146,9 +153,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             name="token_embedding",
         )
         if position == "learned":
+            # As in KerasHub, `embeddings_initializer` initializes both
+            # tables (a copy of it, as KerasHub's) unless
+            # `position_initializer` is given.
             self.position_embedding = PositionEmbedding(
                 self.sequence_length,
-                initializer=self.position_initializer,
+                initializer=copy_initializer(
+                    self.position_initializer or self.embeddings_initializer
+                ),
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
@@ -219,8 +231,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "embedding_dim": self.embedding_dim,
                 "mask_zero": self.mask_zero,
                 "tie_weights": self.tie_weights,
-                "position_initializer": keras.initializers.serialize(
-                    self.position_initializer
+                "position_initializer": (
+                    None
+                    if self.position_initializer is None
+                    else keras.initializers.serialize(self.position_initializer)
                 ),
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer

@@ -1,4 +1,4 @@
-"""A stack of Transformer decoder blocks.
+"""A stack of Transformer decoder blocks, and one block under KerasHub's name.
 
 Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
 length, `D` model width, `H` heads, `G` key/value heads, `K` head size, `N`
@@ -8,6 +8,7 @@ blocks.
 import keras
 
 from keras_attention import kv_cache
+from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -15,7 +16,7 @@ from keras_attention.layers.transformer_decoder_block import TransformerDecoderB
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoder(TransformerStack):
+class TransformerDecoderStack(TransformerStack):
     """`num_layers` `TransformerDecoderBlock`s, then an optional final norm.
 
     Each block has its own weights; masks reach every block, and every block
@@ -51,7 +52,7 @@ class TransformerDecoder(TransformerStack):
     Example:
 
     >>> import numpy as np
-    >>> decoder = TransformerDecoder(
+    >>> decoder = TransformerDecoderStack(
     ...     num_layers=2, intermediate_dim=64, num_heads=4, normalize_first=True
     ... )
     >>> x = np.random.rand(2, 5, 32).astype("float32")
@@ -233,3 +234,52 @@ class TransformerDecoder(TransformerStack):
             if cache is not None:
                 outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoder(
+    KerasHubBlockName, TransformerDecoderBlock, stack=TransformerDecoderStack
+):
+    """One decoder block under KerasHub's name: `keras_hub.layers.TransformerDecoder`.
+
+    `TransformerDecoderBlock` (causal self-attention, cross-attention when
+    an `encoder_sequence` is given, the feed-forward network) registered as
+    `TransformerDecoder`, with KerasHub's constructor arguments and call,
+    caches included: `self_attention_cache` `(B, 2, L, H, K)` with its
+    update index gives `(output, self_cache)`, and with
+    `cross_attention_cache` too `(output, self_cache, cross_cache)`
+    (`cross_attention_cache_update_index=0` fills it from the encoder
+    sequence, `None` reads it). `from_keras(layer)` takes over a built
+    KerasHub decoder. A stack is `TransformerDecoderStack`, which also
+    loads the configs with `num_layers` saved under this name.
+
+    Args:
+        intermediate_dim: positive int, the feed-forward width.
+        num_heads: positive int, the attention heads.
+        **kwargs: the other arguments of KerasHub's decoder, and this
+            package's (`TransformerDecoderBlock`).
+
+    Call arguments:
+        decoder_sequence: `(B, T, D)`.
+        encoder_sequence: optional `(B, S, D)`.
+        decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
+        encoder_attention_mask, self_attention_cache,
+        self_attention_cache_update_index, cross_attention_cache,
+        cross_attention_cache_update_index, use_causal_mask, training: as
+            KerasHub's (boolean masks; a padded query attends to nothing).
+
+    Returns:
+        `(B, T, D)`, then the updated caches that were given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = TransformerDecoder(intermediate_dim=64, num_heads=4)
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> memory = np.random.rand(2, 7, 32).astype("float32")
+    >>> tuple(layer(x, memory).shape)
+    (2, 5, 32)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.1
+    """

@@ -1,4 +1,4 @@
-"""A stack of Transformer encoder blocks.
+"""A stack of Transformer encoder blocks, and one block under KerasHub's name.
 
 Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 """
@@ -6,6 +6,7 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 import keras
 
 from keras_attention import masking
+from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
@@ -15,7 +16,7 @@ from keras_attention.layers.transformer_encoder_block import TransformerEncoderB
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoder(ChecksOutputPositions, TransformerStack):
+class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
     """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
 
     The paper's encoder is a stack of N = 6 identical blocks. Each block has
@@ -54,7 +55,7 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
     Example:
 
     >>> import numpy as np
-    >>> encoder = TransformerEncoder(num_layers=2, intermediate_dim=64, num_heads=4)
+    >>> encoder = TransformerEncoderStack(num_layers=2, intermediate_dim=64, num_heads=4)
     >>> x = np.random.rand(2, 5, 32).astype("float32")
     >>> out, weights = encoder(x, return_attention_scores=True)
     >>> tuple(out.shape), len(weights), tuple(weights[0].shape)
@@ -129,3 +130,49 @@ class TransformerEncoder(ChecksOutputPositions, TransformerStack):
             for i in range(self.num_layers)
         ]
         return output, weights
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerEncoder(
+    KerasHubBlockName, TransformerEncoderBlock, stack=TransformerEncoderStack
+):
+    """One encoder block under KerasHub's name: `keras_hub.layers.TransformerEncoder`.
+
+    This is `TransformerEncoderBlock` (self-attention, then the feed-forward
+    network, post-norm or pre-norm), registered as `TransformerEncoder` so
+    that KerasHub code runs by changing its import: KerasHub's constructor
+    arguments, `call(inputs, padding_mask, attention_mask, training,
+    return_attention_scores)`, and `from_keras(layer)` for a built KerasHub
+    encoder's weights. For a stack of `num_layers` of them use
+    `TransformerEncoderStack`; a config with `num_layers` (a `.keras` file
+    saved when this name meant the stack) loads as that stack.
+
+    Args:
+        intermediate_dim: positive int, the feed-forward width.
+        num_heads: positive int, the attention heads.
+        **kwargs: KerasHub's other arguments (`dropout`, `activation`,
+            `layer_norm_epsilon`, `kernel_initializer`, `bias_initializer`,
+            `normalize_first`) and this package's, as `TransformerEncoderBlock`
+            documents them.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: optional boolean `(B, T)`; a padded position attends
+            to nothing (KerasHub's attends to the real tokens).
+        attention_mask, training, return_attention_scores: as KerasHub's.
+
+    Returns:
+        `(B, T, D)`, with the weights `(B, H, T, T)` after it when
+        `return_attention_scores=True`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = TransformerEncoder(intermediate_dim=64, num_heads=4)
+    >>> x = np.random.rand(2, 5, 32).astype("float32")
+    >>> tuple(layer(x, padding_mask=np.array([[1, 1, 1, 0, 0]] * 2) > 0).shape)
+    (2, 5, 32)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.1
+    """

@@ -29,10 +29,11 @@ class TransformerEncoderBlock(ChecksOutputPositions, TransformerBlock):
     (pre-norm, as in GPT-2 and most later models), `x = x + dropout(f(norm(x)))`,
     which trains deep stacks without warm-up tricks; the output is then not
     normalized, so a stack of pre-norm blocks ends with a final norm
-    (`TransformerEncoder` adds it).
+    (`TransformerEncoderStack` adds it).
 
     Every token attends to every unmasked token (no causal mask). The arguments
-    are those of `keras_hub.layers.TransformerEncoder`, plus the variants
+    are those of `keras_hub.layers.TransformerEncoder` (`TransformerEncoder`
+    is this block under that name), plus the variants
     later work introduced, each off by default.
 
     Args:

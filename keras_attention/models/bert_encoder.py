@@ -12,7 +12,7 @@ from keras_attention import _validation
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
-from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _keras_hub
 
 # The names of the inputs, as KerasHub's `BertBackbone` takes them.
@@ -142,7 +142,7 @@ class BertEncoder(keras.layers.Layer):
             dropout, seed=seed, dtype=dtype, name="embeddings_dropout"
         )
         # Encoder blocks.
-        self.encoder = TransformerEncoder(
+        self.encoder = TransformerEncoderStack(
             num_layers,
             intermediate_dim,
             num_heads,

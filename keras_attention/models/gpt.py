@@ -14,7 +14,7 @@ from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
-from keras_attention.layers.transformer_decoder import TransformerDecoder
+from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.models import _keras_hub
 from keras_attention.models import generation
 from keras_attention.models import layouts
@@ -121,7 +121,7 @@ class GPT(layouts.TensorParallel, keras.Model):
     # The decoder stack; a subclass may name its own (blocks that override
     # `call`, attention layers that override `_compute_attention`): training,
     # inference and `generate` all run its layers.
-    decoder_class = TransformerDecoder
+    decoder_class = TransformerDecoderStack
 
     def __init__(
         self,

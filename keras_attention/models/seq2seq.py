@@ -18,8 +18,8 @@ from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
-from keras_attention.layers.transformer_decoder import TransformerDecoder
-from keras_attention.layers.transformer_encoder import TransformerEncoder
+from keras_attention.layers.transformer_decoder import TransformerDecoderStack
+from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _keras_hub
 from keras_attention.models import beam_search
 from keras_attention.models import generation
@@ -114,8 +114,8 @@ class Seq2SeqTransformer(layouts.TensorParallel, keras.Model):
     # The stacks; a subclass may name its own (blocks that override `call`,
     # attention layers that override `_compute_attention`): training,
     # inference and `generate` all run their layers.
-    encoder_class = TransformerEncoder
-    decoder_class = TransformerDecoder
+    encoder_class = TransformerEncoderStack
+    decoder_class = TransformerDecoderStack
 
     def __init__(
         self,

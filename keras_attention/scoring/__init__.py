@@ -1,4 +1,5 @@
-"""Scoring functions `s(q, k)`: dot, scaled dot, additive and bilinear.
+"""Scoring functions `s(q, k)`: dot, scaled dot, additive and bilinear, and
+Keras's projection-free concat and additive scores.
 
 Each scorer is a small serializable Keras layer `scorer(query, key)` that
 maps query `(..., T, Dq)` and key `(..., S, Dk)` to scores `(..., T, S)`.
@@ -9,9 +10,11 @@ import keras
 
 from keras_attention.scoring.additive import Additive
 from keras_attention.scoring.bilinear import Bilinear
+from keras_attention.scoring.concat import Concat
 from keras_attention.scoring.dot_product import DotProduct
 from keras_attention.scoring.scaled_dot_product import ScaledDotProduct
 from keras_attention.scoring.scorer import Scorer
+from keras_attention.scoring.unprojected_additive import UnprojectedAdditive
 
 _BY_NAME = {
     "dot": DotProduct,
@@ -82,9 +85,11 @@ def serialize(scorer):
 __all__ = [
     "Additive",
     "Bilinear",
+    "Concat",
     "DotProduct",
     "ScaledDotProduct",
     "Scorer",
+    "UnprojectedAdditive",
     "get",
     "serialize",
 ]

@@ -3,16 +3,22 @@
 import keras
 from keras import ops
 
-from keras_attention import _validation
-from keras_attention.scoring.scorer import Scorer
+from keras_attention.scoring.scorer import FeatureWiseScorer
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class DotProduct(Scorer):
-    """Dot-product score `s(q, k) = q . k`.
+class DotProduct(FeatureWiseScorer):
+    """Dot-product score `s(q, k) = q . k`, or `a q . k` with a learned `a`.
 
-    The "dot" score of Luong et al. (2015). It has no weights, and needs the
-    query and key feature sizes to be equal.
+    The "dot" score of Luong et al. (2015). It needs the query and key
+    feature sizes to be equal. Without `use_scale` it has no weights; with
+    it, one learned scalar `a` (weight `scale`, initialized to 1) multiplies
+    the scores, as `keras.layers.Attention(use_scale=True)` does.
+
+    Args:
+        use_scale: bool, a learned scalar scale of the scores. Defaults to
+            False.
+        **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
         query: `(..., T, D)`.
@@ -33,14 +39,9 @@ class DotProduct(Scorer):
         - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
     """
 
-    def check_shapes(self, query_shape, key_shape):
-        super().check_shapes(query_shape, key_shape)
-        _validation.check_same_dim(
-            "query", query_shape[-1], "key", key_shape[-1], "feature size"
-        )
-
     def call(self, query, key):
-        return ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T, S)
+        return self.scaled(ops.matmul(query, ops.swapaxes(key, -1, -2)))  # (..., T, S)
 
     def dot_product_scale(self, key_dim):
-        return 1.0
+        # A learned scale is a tensor, which the fused kernels do not take.
+        return None if self.use_scale else 1.0

@@ -1,6 +1,7 @@
 """The base class of scoring functions."""
 
 import keras
+from keras import ops
 
 from keras_attention import _validation
 
@@ -45,6 +46,12 @@ class Scorer(keras.layers.Layer):
         """
         _validation.check_rank("query", query_shape, len(key_shape))
 
+    @staticmethod
+    def pairwise_sum(query, key):
+        """`q_t + k_s` for every pair: `(..., T, D)` and `(..., S, D)` ->
+        `(..., T, S, D)` (the scores without projections add features)."""
+        return query[..., :, None, :] + key[..., None, :, :]  # (..., T, S, D)
+
     def compute_mask(self, inputs, previous_mask=None):
         # Scores carry no Keras mask: masking is the attention layer's job.
         return None
@@ -59,3 +66,51 @@ class Scorer(keras.layers.Layer):
     def dot_product_scale(self, key_dim):
         """The scale `c` if this scorer is `c * q.k`, else `None`."""
         return None
+
+
+class FeatureWiseScorer(Scorer):
+    """Base of the scores without projections: query and key of one size
+    `D`, compared feature by feature, with an optional learned scale.
+
+    With `use_scale=True` the scorer holds the weight `scale` of shape
+    `scale_shape(D)` (a scalar by default), initialized by
+    `scale_initializer`; `scaled(x)` multiplies by it. Keras's
+    `Attention` and `AdditiveAttention` scores are of this kind.
+    """
+
+    scale_initializer = "ones"
+
+    def __init__(self, use_scale=False, **kwargs):
+        super().__init__(**kwargs)
+        self.use_scale = _validation.check_bool("use_scale", use_scale)
+
+    def build(self, query_shape, key_shape):
+        self.check_shapes(query_shape, key_shape)
+        self.scale = None
+        if self.use_scale:
+            self.scale = self.add_weight(
+                name="scale",
+                shape=self.scale_shape(query_shape[-1]),
+                initializer=self.scale_initializer,
+            )
+
+    def scale_shape(self, dim):
+        """The shape of `scale` for features of size `dim`."""
+        return ()
+
+    def check_shapes(self, query_shape, key_shape):
+        super().check_shapes(query_shape, key_shape)
+        _validation.check_same_dim(
+            "query", query_shape[-1], "key", key_shape[-1], "feature size"
+        )
+
+    def scaled(self, x):
+        """`x` times the learned scale (broadcast), or `x` without one."""
+        if not self.use_scale:
+            return x
+        return x * ops.cast(self.scale, x.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config["use_scale"] = self.use_scale
+        return config

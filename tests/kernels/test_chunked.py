@@ -21,6 +21,7 @@ from keras_attention import kernels
 from keras_attention.kernels import choice
 from keras_attention.kernels import chunked
 from keras_attention.kernels import fused
+from keras_attention.kernels import tiles as tiles_lib
 from keras_attention.layers import MultiHeadAttention
 
 B, H, K = 2, 4, 3
@@ -145,7 +146,7 @@ def test_causal_tiles_output_and_gradients_match_numpy(case, tile):
         allowed = allowed & mask
     expected, expected_grads = _reference(q, k, v, allowed, 0.6, d_output)
     ran = []
-    forward = chunked._Tiles.forward
+    forward = tiles_lib.Tiles.forward
 
     def counted(self, *args):
         ran.append(self.chunk)
@@ -158,7 +159,7 @@ def test_causal_tiles_output_and_gradients_match_numpy(case, tile):
     with pytest.MonkeyPatch.context() as patch:
         preferences = dataclasses.replace(backend.preferences(), causal_tiles=True)
         patch.setattr(backend, "preferences", lambda: preferences)
-        patch.setattr(chunked._Tiles, "forward", counted)
+        patch.setattr(tiles_lib.Tiles, "forward", counted)
         output = harness.to_numpy(attend(q, k, v))
         grads = _gradients(attend, [q, k, v], d_output)
     assert ran and set(ran) == {tile}  # the tiles ran, not the bands
@@ -169,7 +170,7 @@ def test_causal_tiles_output_and_gradients_match_numpy(case, tile):
 
 def test_causal_tiles_plan_covers_what_each_chunk_may_see():
     q, k = np.zeros((1, 10, 2, 3), "float32"), np.zeros((1, 13, 2, 3), "float32")
-    tiles = chunked._Tiles(q, k, k, None, 1.0, 4)
+    tiles = tiles_lib.Tiles(q, k, k, None, 1.0, 4)
     rows, columns, firsts = tiles.plan
     # Offset 3: chunk i's last query sees keys up to 3 + 4 i + 3, in blocks of
     # 4 (0-3, 4-7, 8-11, 12); the third chunk's real queries stop at key 12.
@@ -398,9 +399,9 @@ def test_layer_training_through_the_causal_tiles_equals_the_plain_path(monkeypat
     monkeypatch.setattr(backend, "preferences", lambda: preferences)
     monkeypatch.setattr(chunked, "tile_size", lambda *args, **kwargs: 4)
     ran = []
-    forward = chunked._Tiles.forward
+    forward = tiles_lib.Tiles.forward
     monkeypatch.setattr(
-        chunked._Tiles, "forward", lambda self, *a: ran.append(self.chunk) or forward(self, *a)
+        tiles_lib.Tiles, "forward", lambda self, *a: ran.append(self.chunk) or forward(self, *a)
     )
     tiled, kernels_taken = _gradients_of_one_step(tiled_model, x, target)
     assert kernels_taken == {choice.CHUNKED} and ran and set(ran) == {4}

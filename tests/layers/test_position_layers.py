@@ -464,8 +464,14 @@ def test_rotary_rejects_bad_inputs():
     layer = RotaryEmbedding()
     with pytest.raises(ValueError, match=r"must be known and even.*head size 7"):
         layer(np.zeros((1, 3, 2, 7), "float32"))
-    with pytest.raises(ValueError, match=r"`inputs` must have rank 4"):
-        layer(np.zeros((1, 3, 8), "float32"))
+    with pytest.raises(ValueError, match=r"`inputs` must have rank 3"):
+        layer(np.zeros((3, 8), "float32"))
+    with pytest.raises(ValueError, match=r"`sequence_axis`.*sequence_axis=0"):
+        RotaryEmbedding(sequence_axis=0)(np.zeros((1, 3, 8), "float32"))
+    with pytest.raises(ValueError, match=r"`feature_axis`.*feature_axis=3"):
+        RotaryEmbedding(feature_axis=3)(np.zeros((1, 3, 8), "float32"))
+    with pytest.raises(ValueError, match=r"must differ.*sequence_axis=2, feature_axis=-1"):
+        RotaryEmbedding(sequence_axis=2)(np.zeros((1, 3, 8), "float32"))
     with pytest.raises(ValueError, match=r"head size 5"):
         layer(keras.Input((None, 2, 5)))
 
@@ -476,6 +482,12 @@ def test_rotary_rejects_bad_inputs():
         ({"max_wavelength": 0}, r"`max_wavelength`.*max_wavelength=0"),
         ({"scaling_factor": -1.0}, r"`scaling_factor`.*scaling_factor=-1.0"),
         ({"scaling_factor": "2"}, r"scaling_factor='2'"),
+        ({"rope_type": "ntk"}, r"`rope_type`.*rope_type='ntk'"),
+        ({"beta_fast": 0}, r"`beta_fast`.*beta_fast=0"),
+        ({"original_max_position_embeddings": 0}, r"original_max_position_embeddings=0"),
+        ({"truncate": "yes"}, r"`truncate`.*truncate='yes'"),
+        ({"sequence_axis": 1.5}, r"`sequence_axis`.*sequence_axis=1.5"),
+        ({"denominator_dim": -2}, r"`denominator_dim`.*denominator_dim=-2"),
     ],
 )
 def test_rotary_rejects_bad_arguments(kwargs, message):

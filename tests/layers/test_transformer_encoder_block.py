@@ -18,7 +18,7 @@ import harness
 import numpy_reference as ref
 from keras_attention import masking
 from keras_attention import scoring
-from keras_attention.layers import TransformerEncoder
+from keras_attention.layers import TransformerEncoderStack
 from keras_attention.layers import TransformerEncoderBlock
 from keras_attention.activations import gelu_approximate
 
@@ -534,7 +534,7 @@ def test_rejects_bad_output_positions():
     # JAX); the stack checks them as its last block does.
     block = _built()
     x = normal((B, T, D))
-    stack = TransformerEncoder(num_layers=2, intermediate_dim=F, num_heads=H)
+    stack = TransformerEncoderStack(num_layers=2, intermediate_dim=F, num_heads=H)
     for layer in (block, stack):
         with pytest.raises(
             ValueError,

@@ -1,4 +1,4 @@
-"""Tests of `TransformerEncoder` and `TransformerDecoder`, and of saving the
+"""Tests of `TransformerEncoderStack` and `TransformerDecoderStack`, and of saving the
 blocks and stacks.
 
 Shape legend: `B` batch, `T` decoder length, `S` encoder length, `L` cache
@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 import harness
-from keras_attention.layers import TransformerDecoder
+from keras_attention.layers import TransformerDecoderStack
 from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoder
+from keras_attention.layers import TransformerEncoderStack
 from keras_attention.layers import TransformerEncoderBlock
 from test_transformer_decoder_block import S
 from test_transformer_decoder_block import decode
@@ -50,7 +50,7 @@ WORKER_TIMEOUT = 300
 
 
 def _encoder(**kwargs):
-    return TransformerEncoder(
+    return TransformerEncoderStack(
         **{
             "num_layers": N,
             "intermediate_dim": F,
@@ -62,7 +62,7 @@ def _encoder(**kwargs):
 
 
 def _decoder(**kwargs):
-    return TransformerDecoder(
+    return TransformerDecoderStack(
         **{
             "num_layers": N,
             "intermediate_dim": F,
@@ -120,7 +120,7 @@ def saving_model():
     memory, encoder_weights = TransformerEncoderBlock(
         **common, num_key_value_heads=2, name="encoder_block"
     )(embedding(source), return_attention_scores=True)
-    memory = TransformerEncoder(
+    memory = TransformerEncoderStack(
         num_layers=N,
         **common,
         normalize_first=True,
@@ -132,7 +132,7 @@ def saving_model():
     hidden = TransformerDecoderBlock(
         **common, use_rotary_embedding=True, name="decoder_block"
     )(embedding(target), memory)
-    hidden, self_weights, cross_weights = TransformerDecoder(
+    hidden, self_weights, cross_weights = TransformerDecoderStack(
         num_layers=1, **common, normalize_first=True, name="decoder"
     )(hidden, memory, return_attention_scores=True)
     logits = keras.layers.Dense(
@@ -285,7 +285,7 @@ def test_encoder_layer_harness():
     padding_mask = np.ones((B, T), bool)
     padding_mask[1, 3:] = False
     harness.run_layer_test(
-        TransformerEncoder,
+        TransformerEncoderStack,
         {"num_layers": N, "intermediate_dim": F, "num_heads": H},
         inputs={"inputs": normal((B, T, D)), "padding_mask": padding_mask},
         expected_output_shapes=[(B, T, D)],
@@ -301,7 +301,7 @@ def test_decoder_layer_harness():
     encoder_padding_mask[0, 5:] = False
     x, encoder = _inputs()
     harness.run_layer_test(
-        TransformerDecoder,
+        TransformerDecoderStack,
         {
             "num_layers": N,
             "intermediate_dim": F,
@@ -364,8 +364,8 @@ def test_building_a_stack_does_not_import_tensorflow():
     backend = "jax" if BACKEND == "tensorflow" else BACKEND
     code = (
         "import sys\n"
-        "from keras_attention.layers import TransformerDecoder\n"
-        "stack = TransformerDecoder(2, 32, 4, kernel_initializer='he_normal')\n"
+        "from keras_attention.layers import TransformerDecoderStack\n"
+        "stack = TransformerDecoderStack(2, 32, 4, kernel_initializer='he_normal')\n"
         "stack.build((None, None, 16))\n"
         "assert len(stack.blocks) == 2\n"
         "print('tensorflow' in sys.modules)\n"
@@ -736,7 +736,7 @@ def test_mixed_precision_close_to_float32(policy, tolerance):
 
 
 @pytest.mark.parametrize("num_layers", [0, -1, 2.5, True, "2", None])
-@pytest.mark.parametrize("stack", [TransformerEncoder, TransformerDecoder])
+@pytest.mark.parametrize("stack", [TransformerEncoderStack, TransformerDecoderStack])
 def test_rejects_bad_num_layers(stack, num_layers):
     with pytest.raises(
         ValueError,
@@ -746,7 +746,7 @@ def test_rejects_bad_num_layers(stack, num_layers):
         stack(num_layers=num_layers, intermediate_dim=F, num_heads=H)
 
 
-@pytest.mark.parametrize("stack", [TransformerEncoder, TransformerDecoder])
+@pytest.mark.parametrize("stack", [TransformerEncoderStack, TransformerDecoderStack])
 def test_rejects_bad_block_arguments(stack):
     with pytest.raises(
         ValueError, match=r"`final_layer_norm` must be None, True or False.*'yes'"

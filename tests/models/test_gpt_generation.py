@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import harness
-from keras_attention.layers import TransformerDecoder
+from keras_attention.layers import TransformerDecoderStack
 from keras_attention.models import GPT
 
 MAX_LENGTH = 8
@@ -226,7 +226,7 @@ def test_rejects_bad_beam_arguments(small, kwargs, message):
 # Cached decoding against the full pass, for every block option.
 
 
-class BilinearDecoder(TransformerDecoder):
+class BilinearDecoder(TransformerDecoderStack):
     """A decoder stack whose attention layers score with `Bilinear`."""
 
     def __init__(self, *args, **kwargs):

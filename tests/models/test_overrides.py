@@ -13,9 +13,9 @@ import pytest
 
 import harness
 from keras_attention.layers import MultiHeadAttention
-from keras_attention.layers import TransformerDecoder
+from keras_attention.layers import TransformerDecoderStack
 from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoder
+from keras_attention.layers import TransformerEncoderStack
 from keras_attention.layers import TransformerEncoderBlock
 from keras_attention.models import GPT
 from keras_attention.models import Seq2SeqTransformer
@@ -82,15 +82,15 @@ class DoubledAttentionDecoderBlock(TransformerDecoderBlock):
         return DoubledAttention.from_config(layer.get_config())
 
 
-class HalvedDecoder(TransformerDecoder):
+class HalvedDecoder(TransformerDecoderStack):
     block_class = HalvedDecoderBlock
 
 
-class HalvedEncoder(TransformerEncoder):
+class HalvedEncoder(TransformerEncoderStack):
     block_class = HalvedEncoderBlock
 
 
-class DoubledAttentionDecoder(TransformerDecoder):
+class DoubledAttentionDecoder(TransformerDecoderStack):
     block_class = DoubledAttentionDecoderBlock
 
 
@@ -120,9 +120,9 @@ def _by_blocks(stack, x, **kwargs):
 @pytest.mark.parametrize(
     "stack_class, base_class",
     [
-        (HalvedDecoder, TransformerDecoder),
-        (DoubledAttentionDecoder, TransformerDecoder),
-        (HalvedEncoder, TransformerEncoder),
+        (HalvedDecoder, TransformerDecoderStack),
+        (DoubledAttentionDecoder, TransformerDecoderStack),
+        (HalvedEncoder, TransformerEncoderStack),
     ],
     ids=["decoder_block_call", "compute_attention", "encoder_block_call"],
 )
@@ -138,7 +138,7 @@ def test_a_stack_runs_the_overridden_code_as_its_blocks_do(stack_class, base_cla
     base.build((None, None, D))
     _randomized(stack, 3)
     base.set_weights(stack.get_weights())
-    mask_name = "decoder_padding_mask" if base_class is TransformerDecoder else "padding_mask"
+    mask_name = "decoder_padding_mask" if base_class is TransformerDecoderStack else "padding_mask"
     got = harness.to_numpy(stack(x, training=training, **{mask_name: padding}))
     want = _by_blocks(stack, x, training=training, **{mask_name: padding})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -287,3 +287,63 @@ def test_query_and_key_of_different_ranks(name):
     query, key = _inputs(name, leading=(2, 3))
     with pytest.raises(ValueError, match=r"`query` must have rank 3"):
         scoring.get(name)(query, key[0])
+
+
+# Keras's projection-free scores (`keras.layers.Attention`, `AdditiveAttention`).
+
+KERAS_SCORERS = [
+    scoring.DotProduct(use_scale=True),
+    scoring.Concat(),
+    scoring.Concat(use_scale=True),
+    scoring.UnprojectedAdditive(),
+    scoring.UnprojectedAdditive(use_scale=False),
+]
+KERAS_IDS = ["dot-scale", "concat", "concat-scale", "additive", "additive-unscaled"]
+
+
+def test_hand_worked_concat_and_unprojected_additive():
+    # q = (1, 0), k = (0, 1) and (1, 0): sums (1, 1) and (2, 0).
+    q = np.array([[[1.0, 0.0]]], "float32")
+    k = np.array([[[0.0, 1.0], [1.0, 0.0]]], "float32")
+    t1, t2 = np.tanh(1.0), np.tanh(2.0)
+    np.testing.assert_allclose(
+        harness.to_numpy(scoring.Concat()(q, k)), [[[2 * t1, t2]]], atol=1e-6
+    )
+    additive = scoring.UnprojectedAdditive()
+    additive.build(q.shape, k.shape)
+    additive.scale.assign(np.array([2.0, -1.0], "float32"))
+    np.testing.assert_allclose(
+        harness.to_numpy(additive(q, k)), [[[2 * t1 - t1, 2 * t2]]], atol=1e-6
+    )
+    dot = scoring.DotProduct(use_scale=True)
+    dot.build(q.shape, k.shape)
+    dot.scale.assign(3.0)
+    np.testing.assert_allclose(harness.to_numpy(dot(q, k)), [[[0.0, 3.0]]], atol=1e-6)
+
+
+@pytest.mark.parametrize("scorer", KERAS_SCORERS, ids=KERAS_IDS)
+def test_keras_scorers_round_trip_and_weights(scorer):
+    config = keras.saving.serialize_keras_object(scorer)
+    restored = scoring.get(config)
+    assert type(restored) is type(scorer)
+    assert restored.get_config() == scorer.get_config()
+    query, key = _inputs("dot")
+    restored(query, key)
+    names = sorted(w.name for w in restored.weights)
+    expected = {
+        "DotProduct": ["scale"],
+        "Concat": ["concat_score_weight"] + (["scale"] if scorer.use_scale else []),
+        "UnprojectedAdditive": ["scale"] if scorer.use_scale else [],
+    }[type(scorer).__name__]
+    assert names == sorted(expected)
+    # A learned scale is a tensor: the fused kernels (float scales) are not taken.
+    assert restored.dot_product_scale(6) is None
+
+
+@pytest.mark.parametrize("cls", [scoring.Concat, scoring.UnprojectedAdditive])
+def test_keras_scorers_reject_bad_arguments(cls):
+    with pytest.raises(ValueError, match=r"`use_scale` must be True or False.*use_scale='yes'"):
+        cls(use_scale="yes")
+    query, key = _inputs("dot")
+    with pytest.raises(ValueError, match=r"feature size"):
+        cls()(query, key[..., :4])

@@ -82,7 +82,7 @@ def make_functional_mha_encoder_soft(rng):
     x = layers.MultiHeadAttention(
         num_heads=2, key_dim=4, score="bilinear", name="multi_head_attention"
     )(sequence, sequence, use_causal_mask=True)
-    x = layers.TransformerEncoder(
+    x = layers.TransformerEncoderStack(
         num_layers=2, intermediate_dim=16, num_heads=2, name="encoder"
     )(x)
     soft = layers.SoftAttention(name="soft_attention")(x, sequence)
@@ -122,7 +122,7 @@ def make_decoder_block_hard(rng):
 
 def make_rotary_gqa_decoder(rng):
     sequence = keras.Input((None, DIM), name="sequence")
-    output = layers.TransformerDecoder(
+    output = layers.TransformerDecoderStack(
         num_layers=2,
         intermediate_dim=16,
         num_heads=2,
@@ -136,13 +136,34 @@ def make_rotary_gqa_decoder(rng):
     return model, inputs
 
 
+def make_transformer_stacks(rng):
+    source = keras.Input((None, DIM), name="source")
+    target = keras.Input((None, DIM), name="target")
+    encoded = layers.TransformerEncoderStack(
+        num_layers=2, intermediate_dim=16, num_heads=2, name="encoder_stack"
+    )(source)
+    decoded = layers.TransformerDecoderStack(
+        num_layers=2, intermediate_dim=16, num_heads=2, name="decoder_stack"
+    )(target, encoded)
+    model = keras.Model(
+        {"source": source, "target": target},
+        {"encoded": encoded, "decoded": decoded},
+        name="transformer_stacks",
+    )
+    inputs = {
+        "source": rng.normal(size=(2, 6, DIM)).astype("float32"),
+        "target": rng.normal(size=(2, 5, DIM)).astype("float32"),
+    }
+    return model, inputs
+
+
 BUILDERS = {
     "gpt": (make_gpt, "`keras_attention.models.GPT`, 2 blocks, width 8, "
             "vocabulary 23; input token ids `(2, 7)`, output logits."),
     "functional_mha_encoder_soft": (
         make_functional_mha_encoder_soft,
         "functional: causal `MultiHeadAttention` (bilinear scorer) -> "
-        "`TransformerEncoder` (2 blocks) -> `SoftAttention` (query: encoder "
+        "`TransformerEncoderStack` (2 blocks) -> `SoftAttention` (query: encoder "
         "output, value: the input); `SelfAttention(units=8)` (additive "
         "scorer) on the input; outputs of both attention layers.",
     ),
@@ -156,8 +177,14 @@ BUILDERS = {
     ),
     "rotary_gqa_decoder": (
         make_rotary_gqa_decoder,
-        "functional: pre-norm `TransformerDecoder` (2 blocks, decoder-only) "
+        "functional: pre-norm `TransformerDecoderStack` (2 blocks, decoder-only) "
         "with rotary embeddings and one key/value head (GQA).",
+    ),
+    "transformer_stacks": (
+        make_transformer_stacks,
+        "functional, two inputs: a post-norm `TransformerEncoderStack` "
+        "(2 blocks) whose output a `TransformerDecoderStack` (2 blocks, "
+        "cross-attention) reads; outputs of both stacks.",
     ),
 }
 
