@@ -1,14 +1,19 @@
 """Beam search over a model's cached step.
 
-Shape legend: `B` batch (sources), `K` beams, `V` vocabulary size, `L` total
-length (the start token and the new tokens).
+Shape legend: `B` batch (sources), `K` beams, `V` vocabulary size, `P`
+prompt length, `L` total length (the prompt and the new tokens).
 
-`num_beams` hypotheses per source grow one token at a time. Each step scores
-every extension of every open hypothesis, `log p(prefix) + log p(token)`,
-and keeps the best `2K` candidates: those that end with `end_token_id` join
-the finished hypotheses (the best `K` are kept, ranked by
+Every hypothesis of a source starts with its prompt: a translation's start
+token (`P = 1`) or a language model's prompt. The prompt's positions before
+its last are in the caches already (the caller's prefill); the loop starts
+at the prompt's last position `P - 1`, which it runs through the step as it
+runs every later token. `num_beams` hypotheses per source grow one token at
+a time. Each step scores every extension of every open hypothesis,
+`log p(prefix) + log p(token)` (the prefix's new tokens only: the prompt is
+given), and keeps the best `2K` candidates: those that end with a stop token
+join the finished hypotheses (the best `K` are kept, ranked by
 `sum log p / length ** length_penalty`, where `length` counts the new tokens,
-the end token included), the best `K` others stay open. A source is done
+the stop token included), the best `K` others stay open. A source is done
 when no open hypothesis can still beat its `K`-th finished one: their log
 probability only falls as they grow, so for `length_penalty >= 0` the best
 an open hypothesis can reach is its score at the longest length, and for a
@@ -39,21 +44,22 @@ def take_rows(caches, rows):
 
 
 def beam_search(
-    step, caches, start_token_id, total, *, num_beams, end_token_id, pad_token_id,
-    length_penalty, reorder=take_rows, phases=None, batch=None, excluded=None,
+    step, caches, prompt, total, *, num_beams, stop, pad_token_id,
+    length_penalty, reorder=take_rows, phases=None, excluded=None,
 ):
     """The `K` best hypotheses per source and their scores.
 
     Args:
         step: `step(token_ids, caches, index) -> (logits, caches)` for
             `(B K, 1)` tokens at position `index`.
-        caches: the caches the step starts from: by default `B K` rows on
-            axis 0 of every leaf; any layout the step and `reorder` agree on.
-        start_token_id: int, the token at position 0.
-        total: int, `1 + max_new_tokens`.
+        caches: the caches the step starts from, holding the prompt's
+            positions `0 .. P - 2`: by default `B K` rows on axis 0 of every
+            leaf; any layout the step and `reorder` agree on.
+        prompt: int32 `(B, P)`, the head of every hypothesis of a source.
+        total: int, `P + max_new_tokens`.
         num_beams: `K`.
-        end_token_id: optional int.
-        pad_token_id: int, written after the end token.
+        stop: static tuple of ids that end a hypothesis (may be empty).
+        pad_token_id: int, written after a stop token.
         length_penalty: float, the exponent of the length in the ranking.
         reorder: `reorder(caches, rows) -> caches`, the caches following the
             hypotheses that survive a step (`rows` `(B K,)`, each within its
@@ -61,8 +67,6 @@ def beam_search(
         phases: the loop's `cache_windows.Phases` (`caches` are then for
             the first phase's length); by default one phase over `caches`
             of length `L`.
-        batch: the number of sources `B`; by default the rows of the
-            caches' first leaf over `K` (caches of `B K` rows).
         excluded: optional id never chosen (`generation.decode`'s).
 
     Returns:
@@ -70,11 +74,12 @@ def beam_search(
         `(B, K)`.
     """
     beams = num_beams
-    if batch is None:
-        batch = keras.tree.flatten(caches)[0].shape[0] // beams
+    batch, prompt_length = prompt.shape
+    first = prompt_length - 1  # the position of the loop's first step
     positions = ops.arange(total, dtype="int32")  # (L,)
-    first = ops.cast(ops.where(positions == 0, start_token_id, pad_token_id), "int32")
-    sequences = first * ops.ones((batch, beams, 1), "int32")  # (B, K, L)
+    padding = ops.full((batch, total - prompt_length), pad_token_id, "int32")
+    heads = ops.concatenate([ops.cast(prompt, "int32"), padding], axis=1)  # (B, L)
+    sequences = ops.repeat(heads[:, None], beams, axis=1)  # (B, K, L)
     # Only the first beam is open at the start: the others would repeat it.
     log_prob = ops.concatenate(
         [ops.zeros((batch, 1)), ops.full((batch, beams - 1), NEGATIVE)], axis=1
@@ -85,6 +90,7 @@ def beam_search(
     last = total - 1  # the last position a token is written at
     offsets = ops.arange(batch, dtype="int32")[:, None] * beams  # (B, 1)
     penalty = float(length_penalty)
+    stop_ids = ops.convert_to_tensor(list(stop), "int32") if stop else None
 
     def condition(i, sequences, log_prob, finished, finished_scores, caches, done):
         return ops.logical_and(i < last, ops.logical_not(ops.all(done)))
@@ -109,8 +115,11 @@ def beam_search(
         grown = ops.take_along_axis(sequences, source_beam[:, :, None], axis=1)
         grown = ops.where(positions == i + 1, token[:, :, None], grown)  # (B, 2K, L)
         grown = ops.cast(grown, "int32")
-        length = ops.cast(i + 1, "float32")
-        ends = ops.zeros_like(token, "bool") if end_token_id is None else token == end_token_id
+        length = ops.cast(i + 1 - first, "float32")  # the new tokens
+        if stop_ids is None:
+            ends = ops.zeros_like(token, "bool")
+        else:
+            ends = ops.any(token[:, :, None] == stop_ids, axis=-1)  # (B, 2K)
         closing = ops.logical_or(ends, i + 1 >= last)  # the last position closes all
         candidate_scores = ops.where(
             ops.logical_and(closing, values > NEGATIVE / 2),
@@ -131,12 +140,12 @@ def beam_search(
         caches = reorder(caches, rows)
         # Done: no open hypothesis can beat the K-th finished one any more.
         if penalty >= 0:
-            best_length = float(last) ** penalty
+            best_length = float(last - first) ** penalty
         else:
             best_length = (length + 1) ** penalty
         best_open = ops.max(new_log_prob, axis=1) / best_length  # (B,)
         now_done = new_scores[:, -1] >= best_open
-        if end_token_id is None:
+        if stop_ids is None:
             now_done = ops.zeros_like(now_done)
         frozen = done[:, None]
         finished_scores = ops.where(frozen, finished_scores, new_scores)
@@ -146,7 +155,7 @@ def beam_search(
         done = ops.logical_or(done, ops.logical_and(now_done, new_scores[:, -1] > NEGATIVE / 2))
         return i + 1, sequences, log_prob, finished, finished_scores, caches, done
 
-    i = ops.convert_to_tensor(0, "int32")
+    i = ops.convert_to_tensor(first, "int32")
     phases = phases or cache_windows.Phases.single(total)
     _, _, _, finished, finished_scores, _, _ = phases.while_loop(
         condition,

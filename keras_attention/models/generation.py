@@ -9,7 +9,9 @@ through its layers with their KV caches, and the empty caches to start from.
 `Generator` owns everything else, written once for every model:
 
 - the arguments' checks (`sampling`, `temperature`, `top_k`, `top_p`, stop
-  and pad ids, ragged prompts given by a padding mask);
+  and pad ids, ragged prompts given by a padding mask, beams and returned
+  sequences), and the dispatch between the token-by-token loop and beam
+  search (`Generator.run`);
 - prefill: the shortest prompt runs through the step at once (a one-token
   prompt, as a translation's start token, through the loop's own step);
 - the decoding loop (`ops.while_loop`): each step samples a token
@@ -20,6 +22,9 @@ through its layers with their KV caches, and the empty caches to start from.
 - under a compiler, the loop in phases over caches that grow
   (`cache_windows`), so that a step reads the window of slots above its
   position rather than the whole length;
+- beam search (`beam_search`) from the same prompts: the prompt but its
+  last token prefilled once per source, the beams' loop from its last
+  position (a translation's start token alone: no prefill);
 - the compilation per backend (`backend.compile_decoding`: one `jax.jit`,
   `tf.function` with XLA, or on torch an eager loop without autograd),
   made once per sampling configuration and total length and kept. Every
@@ -38,56 +43,10 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention import backend
 from keras_attention.layers import _direct_calls
+from keras_attention.models import _generation_args
 from keras_attention.models import beam_search as beam_search_lib
 from keras_attention.models import cache_windows
 from keras_attention.models import sampling as sampling_lib
-
-
-# The largest seed: the compiled loop takes it as an int32.
-SEED_LIMIT = 2**31 - 1
-
-
-def check_sampling(sampling, temperature, top_k, top_p):
-    """Raises for a bad sampling configuration; returns `top_k` as an int."""
-    if sampling not in sampling_lib.SAMPLING:
-        raise ValueError(
-            f"`sampling` must be one of {sampling_lib.SAMPLING}. Received: "
-            f"sampling={sampling!r}"
-        )
-    if isinstance(temperature, bool) or not (
-        isinstance(temperature, (int, float)) and temperature > 0
-    ):
-        raise ValueError(
-            "`temperature` must be a positive float. Received: "
-            f"temperature={temperature!r}"
-        )
-    if sampling == "top_k":
-        top_k = _validation.check_positive_int("top_k", top_k)
-    if sampling == "top_p" and not (
-        isinstance(top_p, (int, float)) and 0 < top_p <= 1
-    ):
-        raise ValueError(
-            f"`top_p` must be a float in (0, 1]. Received: top_p={top_p!r}"
-        )
-    return top_k
-
-
-def prompt_lengths(prompt, prompt_padding_mask):
-    """Each row's prompt length `(B,)`, the mask's True prefix."""
-    batch, prompt_length = prompt.shape
-    mask = _validation.to_numpy(prompt_padding_mask).astype(bool)
-    lengths = mask.sum(axis=1)
-    if (
-        mask.shape != prompt.shape
-        or not np.array_equal(mask, np.arange(prompt_length)[None] < lengths[:, None])
-        or lengths.min() == 0
-    ):
-        raise ValueError(
-            "`prompt_padding_mask` must have the shape of `prompt_ids` "
-            "and mark a non-empty prefix of each row (right padding). "
-            f"Received: a mask of shape {mask.shape}"
-        )
-    return lengths
 
 
 def decode(
@@ -284,19 +243,17 @@ class Generator:
         (`length`: the new tokens, a stop token included)."""
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
         total = self._check_total(prompt.shape[1], max_new_tokens)
-        top_k = check_sampling(sampling, temperature, top_k, top_p)
-        stop = tuple(int(t) for t in (stop_token_ids or ()))
-        for token in stop + (pad_token_id,):
-            if not 0 <= token < self.vocabulary_size:
-                raise ValueError(
-                    "`stop_token_ids` and `pad_token_id` must be ids in "
-                    f"[0, {self.vocabulary_size}). Received: {token}"
-                )
-        seed = _validation.check_seed("seed", seed, maximum=SEED_LIMIT)
+        top_k = _generation_args.check_sampling(sampling, temperature, top_k, top_p)
+        stop = _generation_args.check_stop(stop_token_ids, pad_token_id, self.vocabulary_size)
+        seed = _validation.check_seed("seed", seed, maximum=_generation_args.SEED_LIMIT)
+        if return_scores:
+            length_penalty = _generation_args.check_length_penalty(length_penalty)
         # Rows of different lengths (ragged prompts) pass their lengths;
         # otherwise the loop makes them (one array fewer to convert).
         ragged = prompt_padding_mask is not None
-        lengths = (prompt_lengths(prompt, prompt_padding_mask).astype("int32"),) if ragged else ()
+        lengths = ()
+        if ragged:
+            lengths = (_generation_args.prompt_lengths(prompt, prompt_padding_mask).astype("int32"),)
         start = int(lengths[0].min()) if ragged else prompt.shape[1]  # the shortest prompt
         options = dict(
             sampling=sampling, top_k=top_k, stop=stop, pad_token_id=pad_token_id,
@@ -309,7 +266,7 @@ class Generator:
         noise = ()
         if sampling != "greedy":
             if seed is None:
-                seed = int(np.random.randint(0, SEED_LIMIT))
+                seed = int(np.random.randint(0, _generation_args.SEED_LIMIT))
             top_p = 1.0 if top_p is None else top_p
             noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
 
@@ -339,55 +296,132 @@ class Generator:
         if not return_scores:
             return _to_numpy(outputs, "int32")
         ids, log_prob, count = (_to_numpy(x) for x in outputs)
-        scores = log_prob / np.maximum(count, 1).astype("float32") ** float(length_penalty)
+        scores = log_prob / np.maximum(count, 1).astype("float32") ** length_penalty
         return ids.astype("int32"), scores.astype("float32")
+
+    def run(
+        self,
+        prompt,
+        max_new_tokens,
+        sampling="greedy",
+        num_beams=4,
+        num_return_sequences=1,
+        return_scores=False,
+        length_penalty=1.0,
+        stop_token_ids=None,
+        pad_token_id=0,
+        prompt_padding_mask=None,
+        context=(),
+        **options,
+    ):
+        """`generate`, or `beam_search` for `sampling="beam"`, with the
+        models' return convention.
+
+        `options` are `generate`'s `temperature`, `top_k`, `top_p` and
+        `seed`, which beam search checks as greedy decoding does and does
+        not read. Returns int32 numpy `(B, P + max_new_tokens)`, or `(B,
+        num_return_sequences, P + max_new_tokens)` best first when
+        `num_return_sequences > 1`; with `return_scores`, also float32 `(B,)`
+        (or `(B, num_return_sequences)`).
+        """
+        num_beams, num_return_sequences = _generation_args.check_modes(
+            sampling, num_beams, num_return_sequences
+        )
+        arguments = dict(
+            stop_token_ids=stop_token_ids, pad_token_id=pad_token_id,
+            prompt_padding_mask=prompt_padding_mask, context=context,
+        )
+        if sampling != "beam":
+            return self.generate(
+                prompt, max_new_tokens, sampling=sampling, return_scores=return_scores,
+                length_penalty=length_penalty, **arguments, **options,
+            )
+        # Beam search reads neither; they are checked as greedy decoding does.
+        _generation_args.check_sampling("greedy", options.get("temperature", 1.0), None, None)
+        _validation.check_seed("seed", options.get("seed"), maximum=_generation_args.SEED_LIMIT)
+        sequences, scores = self.beam_search(
+            prompt, max_new_tokens, num_beams=num_beams,
+            length_penalty=length_penalty, **arguments,
+        )
+        sequences = sequences[:, :num_return_sequences]
+        scores = scores[:, :num_return_sequences]
+        if num_return_sequences == 1:
+            sequences, scores = sequences[:, 0], scores[:, 0]
+        return (sequences, scores) if return_scores else sequences
 
     def beam_search(
         self,
-        batch,
+        prompt,
         max_new_tokens,
-        start_token_id,
         num_beams=4,
-        end_token_id=None,
+        stop_token_ids=None,
         pad_token_id=0,
         length_penalty=1.0,
+        prompt_padding_mask=None,
         context=(),
     ):
-        """The `num_beams` best continuations of `start_token_id` per row
-        (`beam_search.beam_search`): int32 `(B, K, 1 + max_new_tokens)` best
-        first, and their float32 scores `(B, K)`."""
+        """The `num_beams` best continuations of each prompt
+        (`beam_search.beam_search`).
+
+        Args:
+            prompt: int numpy `(B, P)` (checked by the model), prompts of
+                equal length.
+            max_new_tokens, stop_token_ids, pad_token_id, context: as
+                `generate`'s.
+            num_beams: positive int `K`.
+            length_penalty: float, the exponent of the number of new tokens
+                in the ranking and the scores.
+            prompt_padding_mask: optional bool `(B, P)`; it must mark every
+                position (beam search takes no ragged prompts).
+
+        Returns:
+            int32 numpy `(B, K, P + max_new_tokens)`, best first, and their
+            float32 scores `(B, K)`: the sum of the new tokens'
+            log-probabilities (a stop token included) over their number
+            `** length_penalty`.
+        """
         max_new_tokens = _validation.check_positive_int("max_new_tokens", max_new_tokens)
         num_beams = _validation.check_positive_int("num_beams", num_beams)
-        total = self._check_total(1, max_new_tokens)
-        if isinstance(length_penalty, bool) or not isinstance(
-            length_penalty, (int, float)
-        ):
-            raise ValueError(
-                "`length_penalty` must be a float. Received: "
-                f"length_penalty={length_penalty!r}"
-            )
+        batch, prompt_length = prompt.shape
+        total = self._check_total(prompt_length, max_new_tokens)
+        length_penalty = _generation_args.check_length_penalty(length_penalty)
+        stop = _generation_args.check_stop(stop_token_ids, pad_token_id, self.vocabulary_size)
+        if prompt_padding_mask is not None:
+            lengths = _generation_args.prompt_lengths(prompt, prompt_padding_mask)
+            if lengths.min() < prompt_length:
+                raise ValueError(
+                    "`prompt_padding_mask` must mark every position with "
+                    "sampling='beam': beam search takes prompts of equal length. "
+                    f"Received: prompt lengths {lengths.tolist()}"
+                )
         options = dict(
-            num_beams=num_beams, end_token_id=end_token_id, pad_token_id=pad_token_id,
-            length_penalty=float(length_penalty),
+            num_beams=num_beams, stop=stop, pad_token_id=pad_token_id,
+            length_penalty=length_penalty,
             excluded=pad_token_id if self.pad_is_padding else None,
         )
+        first = prompt_length - 1  # the beams' loop starts at the last prompt token
 
-        def loop(*context):
+        def loop(prompt, *context):
             caches, phases = cache_windows.Phases.plan(
-                self.empty_caches, batch, 0, total, context,
+                self.empty_caches, batch, first, total, context,
                 windowed=backend.preferences().cache_windows,
             )
+            if first:
+                # The prompt's head, once per source: every beam shares it.
+                _, caches = self.step(prompt[:, :first], caches, 0)
             # Row b K + k is beam k of source b.
             caches = keras.tree.map_structure(
                 lambda cache: ops.repeat(cache, num_beams, axis=0), caches
             )
             return beam_search_lib.beam_search(
-                self.step, caches, start_token_id, total, batch=batch,
-                reorder=self.reorder_caches, phases=phases, **options,
+                self.step, caches, prompt, total, reorder=self.reorder_caches,
+                phases=phases, **options,
             )
 
-        key = ("beam", batch, total, start_token_id) + tuple(sorted(options.items()))
-        sequences, scores = self._function(key, loop)(*context)
+        key = ("beam", batch, prompt_length, total) + tuple(sorted(options.items()))
+        sequences, scores = self._function(key, loop)(
+            prompt.astype("int32", copy=False), *context
+        )
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 
     def _check_total(self, prompt_length, max_new_tokens):

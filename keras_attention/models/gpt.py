@@ -327,6 +327,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         prompt_padding_mask=None,
         pad_token_id=0,
         max_length=None,
+        num_beams=4,
+        length_penalty=1.0,
+        num_return_sequences=1,
+        return_scores=False,
     ):
         """Continues prompts token by token with the KV cache.
 
@@ -349,25 +353,46 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
                 Give this or `max_length`.
             sampling: `"greedy"` (the most likely token), `"random"` (from
                 `softmax(logits / temperature)`), `"top_k"` (from the `top_k`
-                most likely) or `"top_p"` (from the smallest set of most likely
-                tokens holding probability `top_p`).
+                most likely), `"top_p"` (from the smallest set of most likely
+                tokens holding probability `top_p`) or `"beam"` (beam search:
+                the `num_beams` most likely continuations are kept at each
+                step; the prompt runs once per row, then each step runs the
+                row's `num_beams` hypotheses as a batch).
             temperature: positive float; below 1 sharpens, above 1 flattens.
             top_k: positive int, for `"top_k"` (`top_k=1` is greedy).
             top_p: float in (0, 1], for `"top_p"` (a tiny value is greedy).
             seed: optional int; the same seed gives the same tokens.
-            stop_token_ids: optional ids that end a row once generated; the
-                positions after it are `pad_token_id`.
+            stop_token_ids: optional ids that end a row (a beam hypothesis)
+                once generated; the positions after it are `pad_token_id`.
             prompt_padding_mask: optional bool `(B, P)` for prompts of
                 different lengths: each row's prompt is its first `True`
-                positions (right padding); its new tokens follow it.
+                positions (right padding); its new tokens follow it. Beam
+                search takes prompts of equal length only (a mask with a
+                `False` is a `ValueError`).
             pad_token_id: int, the id written after a row has ended.
             max_length: int, KerasHub's meaning: the output's length, prompt
                 included (`max_new_tokens = max_length - P`). For text without
                 either, the preprocessor's `sequence_length`.
 
+            num_beams: positive int, the hypotheses beam search keeps per row.
+            length_penalty: float; beam hypotheses (and the returned scores)
+                rank by `sum log p / length ** length_penalty`, the sum over
+                the new tokens and `length` their number, a stop token
+                included (0: the plain log-probability; above 0 favours
+                longer hypotheses, which only arise with `stop_token_ids`).
+            num_return_sequences: positive int, at most `num_beams` with
+                beam search (1 otherwise): the best hypotheses returned per
+                row.
+            return_scores: bool, also return each returned sequence's score:
+                the model's log-probability of its new tokens given the
+                prompt, over `length ** length_penalty` as above.
+
         Returns:
             int32 numpy array `(B, P + max_new_tokens)`: each prompt followed
-            by its new tokens (then `pad_token_id` where a row ended early).
+            by its new tokens (then `pad_token_id` where a row ended early);
+            `(B, num_return_sequences, P + max_new_tokens)`, best first, when
+            `num_return_sequences > 1`. With `return_scores`, a tuple of that
+            and float32 scores `(B,)` (or `(B, num_return_sequences)`).
             For text, a string (or a list of strings).
         """
         if _text.is_text(prompt_ids):
@@ -405,7 +430,7 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
                 vocabulary_size=self.vocabulary_size,
                 max_length=self.max_sequence_length,
             )
-        return self._generator.generate(
+        return self._generator.run(
             prompt,
             max_new_tokens,
             sampling=sampling,
@@ -416,6 +441,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             stop_token_ids=stop_token_ids,
             prompt_padding_mask=prompt_padding_mask,
             pad_token_id=pad_token_id,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            num_return_sequences=num_return_sequences,
+            return_scores=return_scores,
         )
 
     def _check_ids(self, name, ids):

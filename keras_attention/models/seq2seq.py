@@ -27,7 +27,6 @@ from keras_attention.models import generation
 from keras_attention.models import layouts
 
 POSITIONS = ("sinusoidal", "learned")
-SAMPLING = ("greedy", "beam", "random", "top_k", "top_p")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -467,20 +466,6 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
             mask = masking.standardize_numpy_mask(
                 encoder_padding_mask, "encoder_padding_mask", source.shape
             )
-        if sampling not in SAMPLING:
-            raise ValueError(f"`sampling` must be one of {SAMPLING}. Received: sampling={sampling!r}")
-        num_beams = _validation.check_positive_int("num_beams", num_beams)
-        num_return_sequences = _validation.check_positive_int(
-            "num_return_sequences", num_return_sequences
-        )
-        limit = num_beams if sampling == "beam" else 1
-        if num_return_sequences > limit:
-            raise ValueError(
-                "`num_return_sequences` must be at most `num_beams` with "
-                "sampling='beam' (1 otherwise). Received: "
-                f"num_return_sequences={num_return_sequences}, num_beams={num_beams}, "
-                f"sampling={sampling!r}"
-            )
         if not self.built:
             self.build()
         generator = self._get_generator()
@@ -501,32 +486,22 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
                     f"pad_token_id={self.pad_token_id}"
                 )
         context = (source.astype("int32", copy=False), mask)
-        batch = source.shape[0]
-        if sampling == "beam":
-            sequences, scores = generator.beam_search(
-                batch, max_new_tokens, start_token_id, num_beams=num_beams,
-                end_token_id=end_token_id, pad_token_id=self.pad_token_id,
-                length_penalty=length_penalty, context=context,
-            )
-            sequences, scores = sequences[:, :num_return_sequences], scores[:, :num_return_sequences]
-            if num_return_sequences == 1:
-                sequences, scores = sequences[:, 0], scores[:, 0]
-            return (sequences, scores) if return_scores else sequences
-        outputs = generator.generate(
-            np.tile(np.array(start_ids, "int32"), (batch, 1)),  # (B, len(start_ids))
+        return generator.run(
+            np.tile(np.array(start_ids, "int32"), (source.shape[0], 1)),  # (B, len(start_ids))
             max_new_tokens,
             sampling=sampling,
+            num_beams=num_beams,
+            num_return_sequences=num_return_sequences,
+            return_scores=return_scores,
+            length_penalty=length_penalty,
+            stop_token_ids=None if end_token_id is None else [end_token_id],
+            pad_token_id=self.pad_token_id,
+            context=context,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             seed=seed,
-            stop_token_ids=None if end_token_id is None else [end_token_id],
-            pad_token_id=self.pad_token_id,
-            context=context,
-            return_scores=return_scores,
-            length_penalty=length_penalty,
         )
-        return outputs
 
     def _get_generator(self):
         if self._generator is None:

@@ -618,7 +618,7 @@ def test_rejects_out_of_vocabulary_ids(model, bad):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(sampling="beam"), r"`sampling` must be one of .*sampling='beam'"),
+        (dict(sampling="nucleus"), r"`sampling` must be one of .*sampling='nucleus'"),
         (dict(sampling="random", temperature=0), r"`temperature`.*temperature=0"),
         (dict(sampling="random", temperature=-1.0), r"`temperature`.*temperature=-1.0"),
         (dict(temperature=0.0), r"`temperature`.*temperature=0.0"),

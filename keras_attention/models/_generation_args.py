@@ -1,0 +1,108 @@
+"""The checks of the generation core's arguments (`generation.Generator`),
+shared by every model's `generate`: each raises a `ValueError` that names the
+argument and the value received.
+
+Shape legend: `B` batch, `P` prompt length.
+"""
+
+import numpy as np
+
+from keras_attention import _validation
+from keras_attention.models import sampling as sampling_lib
+
+# The largest seed: the compiled loop takes it as an int32.
+SEED_LIMIT = 2**31 - 1
+
+# Every `sampling` of `Generator.run`: beam search and `sampling_lib`'s.
+MODES = ("greedy", "beam") + sampling_lib.SAMPLING[1:]
+
+
+def check_modes(sampling, num_beams, num_return_sequences):
+    """Raises for an unknown `sampling`, a bad `num_beams`, or more returned
+    sequences than beams (or than 1 without beam search); returns
+    `(num_beams, num_return_sequences)` as ints."""
+    if sampling not in MODES:
+        raise ValueError(
+            f"`sampling` must be one of {MODES}. Received: sampling={sampling!r}"
+        )
+    num_beams = _validation.check_positive_int("num_beams", num_beams)
+    num_return_sequences = _validation.check_positive_int(
+        "num_return_sequences", num_return_sequences
+    )
+    limit = num_beams if sampling == "beam" else 1
+    if num_return_sequences > limit:
+        raise ValueError(
+            "`num_return_sequences` must be at most `num_beams` with "
+            "sampling='beam' (1 otherwise). Received: "
+            f"num_return_sequences={num_return_sequences}, num_beams={num_beams}, "
+            f"sampling={sampling!r}"
+        )
+    return num_beams, num_return_sequences
+
+
+def check_length_penalty(length_penalty):
+    """Raises unless `length_penalty` is a real number; returns a float."""
+    if isinstance(length_penalty, bool) or not isinstance(
+        length_penalty, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(
+            "`length_penalty` must be a float. Received: "
+            f"length_penalty={length_penalty!r}"
+        )
+    return float(length_penalty)
+
+
+def check_sampling(sampling, temperature, top_k, top_p):
+    """Raises for a bad sampling configuration; returns `top_k` as an int."""
+    if sampling not in sampling_lib.SAMPLING:
+        raise ValueError(
+            f"`sampling` must be one of {sampling_lib.SAMPLING}. Received: "
+            f"sampling={sampling!r}"
+        )
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, (int, float)) and temperature > 0
+    ):
+        raise ValueError(
+            "`temperature` must be a positive float. Received: "
+            f"temperature={temperature!r}"
+        )
+    if sampling == "top_k":
+        top_k = _validation.check_positive_int("top_k", top_k)
+    if sampling == "top_p" and not (
+        isinstance(top_p, (int, float)) and 0 < top_p <= 1
+    ):
+        raise ValueError(
+            f"`top_p` must be a float in (0, 1]. Received: top_p={top_p!r}"
+        )
+    return top_k
+
+
+def prompt_lengths(prompt, prompt_padding_mask):
+    """Each row's prompt length `(B,)`, the mask's True prefix."""
+    batch, prompt_length = prompt.shape
+    mask = _validation.to_numpy(prompt_padding_mask).astype(bool)
+    lengths = mask.sum(axis=1)
+    if (
+        mask.shape != prompt.shape
+        or not np.array_equal(mask, np.arange(prompt_length)[None] < lengths[:, None])
+        or lengths.min() == 0
+    ):
+        raise ValueError(
+            "`prompt_padding_mask` must have the shape of `prompt_ids` "
+            "and mark a non-empty prefix of each row (right padding). "
+            f"Received: a mask of shape {mask.shape}"
+        )
+    return lengths
+
+
+def check_stop(stop_token_ids, pad_token_id, vocabulary_size):
+    """Raises unless every stop id and the pad id are ids of the
+    vocabulary; returns the stop ids as a tuple of ints."""
+    stop = tuple(int(t) for t in (stop_token_ids or ()))
+    for token in stop + (pad_token_id,):
+        if not 0 <= token < vocabulary_size:
+            raise ValueError(
+                "`stop_token_ids` and `pad_token_id` must be ids in "
+                f"[0, {vocabulary_size}). Received: {token}"
+            )
+    return stop
