@@ -15,6 +15,7 @@ import operator
 
 from keras import ops
 
+from keras_attention import _validation
 from keras_attention import masking
 
 
@@ -22,6 +23,24 @@ class AttentionOverAxes:
     """`MultiHeadAttention`'s calls over `attention_axes` (a mixin: it reads
     the layer's `num_heads`, `attention_axes`, `sliding_window` and calls
     its `_call_sequence`)."""
+
+    def _check_shapes(self, query_shape, value_shape, key_shape=None):
+        """The inputs' shapes, against each other and `attention_axes`;
+        returns the normalized attention axes."""
+        _validation.check_multi_head_shapes(query_shape, value_shape, key_shape)
+        rank = len(query_shape)
+        axes = _validation.normalize_attention_axes(self.attention_axes, rank)
+        others = [a for a in range(1, rank - 1) if a not in axes]
+        for axis in others:
+            _validation.check_same_dim(
+                "query", query_shape[axis], "value", value_shape[axis],
+                f"size on axis {axis} (not an attention axis)",
+            )
+        return axes
+
+    def _is_sequence_attention(self, rank, axes):
+        """Whether the call is over `(B, T, D)` inputs (the fast paths)."""
+        return rank == 3 and axes == (1,)
 
     def _call_over_axes(
         self, axes, query, value, key, query_mask, value_mask, key_mask,

@@ -20,12 +20,13 @@ from keras_attention import _validation
 from keras_attention import activations
 from keras_attention import masking
 from keras_attention import scoring
+from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.layers._direct_calls import DirectCalls
+
 
 NORMALIZATIONS = ("layer_norm", "rms_norm")
 

@@ -9,8 +9,8 @@ import keras
 from keras_attention import _validation
 from keras_attention import activations
 from keras_attention.layers import _projection
-from keras_attention.layers._dropout import Dropout
 from keras_attention.layers._direct_calls import DirectCalls
+from keras_attention.layers._dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")

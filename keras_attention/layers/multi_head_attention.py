@@ -5,7 +5,6 @@ length, `H` query heads, `G` key/value heads (`H` divisible by `G`), `K` key
 head size, `V` value head size, `D` model width, `O` output width.
 """
 
-
 import keras
 from keras import ops
 
@@ -17,8 +16,9 @@ from keras_attention import masking
 from keras_attention import scoring
 from keras_attention.layers import _projection
 from keras_attention.layers._attention_axes import AttentionOverAxes
-from keras_attention.layers._keras_mha import KerasInterface
 from keras_attention.layers._direct_calls import DirectCalls
+from keras_attention.layers._keras_mha import KerasInterface
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.layers.Layer):
@@ -259,24 +259,6 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
         if self.rotary_embedding is not None and not self.rotary_embedding.built:
             self.rotary_embedding.build((None, None, heads, self.key_dim))
         self.built = True
-
-    def _check_shapes(self, query_shape, value_shape, key_shape=None):
-        """The inputs' shapes, against each other and `attention_axes`;
-        returns the normalized attention axes."""
-        _validation.check_multi_head_shapes(query_shape, value_shape, key_shape)
-        rank = len(query_shape)
-        axes = _validation.normalize_attention_axes(self.attention_axes, rank)
-        others = [a for a in range(1, rank - 1) if a not in axes]
-        for axis in others:
-            _validation.check_same_dim(
-                "query", query_shape[axis], "value", value_shape[axis],
-                f"size on axis {axis} (not an attention axis)",
-            )
-        return axes
-
-    def _is_sequence_attention(self, rank, axes):
-        """Whether the call is over `(B, T, D)` inputs (the fast paths)."""
-        return rank == 3 and axes == (1,)
 
     def uses_fused_path(self, training=False, return_attention_scores=False):
         """Whether a call with these arguments takes a fused kernel: a (scaled)

@@ -10,9 +10,9 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers.sinusoidal_position_encoding import broadcast_rows
 from keras_attention.layers.sinusoidal_position_encoding import check_table_inputs
-from keras_attention.layers._direct_calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")

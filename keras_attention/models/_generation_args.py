@@ -8,6 +8,7 @@ Shape legend: `B` batch, `P` prompt length.
 import numpy as np
 
 from keras_attention import _validation
+from keras_attention import masking
 from keras_attention.models import sampling as sampling_lib
 
 # The largest seed: the compiled loop takes it as an int32.
@@ -106,3 +107,44 @@ def check_stop(stop_token_ids, pad_token_id, vocabulary_size):
                 f"[0, {vocabulary_size}). Received: {token}"
             )
     return stop
+
+
+def check_source(model, encoder_token_ids, encoder_padding_mask):
+    """A translation model's sources as numpy `(B, S)` and their mask: the
+    given one, or the positions that are not the model's pad id."""
+    source = _validation.to_numpy(encoder_token_ids)
+    if source.ndim != 2 or source.shape[1] == 0:
+        raise ValueError(
+            "`encoder_token_ids` must have shape (batch, length) with "
+            f"length >= 1. Received: encoder_token_ids with shape {source.shape}"
+        )
+    _validation.check_token_ids(
+        "encoder_token_ids", _validation.known_token_ids("encoder_token_ids", source),
+        model.source_vocabulary_size, model.max_source_length, "max_source_length",
+    )
+    if encoder_padding_mask is None:
+        return source, source != model.pad_token_id
+    return source, masking.standardize_numpy_mask(
+        encoder_padding_mask, "encoder_padding_mask", source.shape
+    )
+
+
+def check_start_and_end(generator, start_token_id, end_token_id, pad_token_id, sampling):
+    """A translation's start ids (one, or several: BART's decoder prompt) and
+    end id, checked; the end id may not be the pad id, which the decoder
+    reads as padding and never generates."""
+    start_ids = [generator.check_token("start_token_id", i) for i in np.ravel(start_token_id)]
+    if len(start_ids) != 1 and sampling == "beam":
+        raise ValueError(
+            "`start_token_id` must be one id with sampling='beam'. Received: "
+            f"start_token_id={start_token_id!r}"
+        )
+    if end_token_id is not None:
+        end_token_id = generator.check_token("end_token_id", end_token_id)
+        if end_token_id == pad_token_id:
+            raise ValueError(
+                "`end_token_id` must differ from the model's `pad_token_id`, "
+                "which the decoder reads as padding and never generates. "
+                f"Received: end_token_id={end_token_id}, pad_token_id={pad_token_id}"
+            )
+    return start_ids, end_token_id

@@ -138,3 +138,50 @@ def llama_block_pairs(ours, theirs):
         (ours.feedforward.output_dense, theirs._feedforward_output_dense),
         (ours.feedforward_layer_norm, theirs._feedforward_layernorm),
     ]
+
+
+# A translation model from BART: the same Transformer with learned positions,
+# an embedding layer norm, exact GELU, one shared token table and unscaled
+# embeddings.
+
+
+def bart_arguments(backbone, kwargs):
+    """The `Seq2SeqTransformer` arguments that reproduce a `BartBackbone`,
+    with the caller's `kwargs` (BART's pad id 1 unless they give one)."""
+    config = backbone.get_config()
+    kwargs = dict(kwargs)
+    return dict(
+        source_vocabulary_size=config["vocabulary_size"],
+        target_vocabulary_size=config["vocabulary_size"],
+        max_source_length=config["max_sequence_length"],
+        max_target_length=config["max_sequence_length"],
+        num_encoder_layers=config["num_layers"],
+        num_decoder_layers=config["num_layers"],
+        num_heads=config["num_heads"],
+        hidden_dim=config["hidden_dim"],
+        intermediate_dim=config["intermediate_dim"],
+        dropout=config["dropout"],
+        activation="gelu",
+        positions="learned",
+        share_embeddings=True,
+        embedding_layer_norm=True,
+        scale_embeddings=False,
+        pad_token_id=kwargs.pop("pad_token_id", 1),  # BART's <pad>
+        **kwargs,
+    )
+
+
+def bart_pairs(model, backbone):
+    """(our sublayer, the `BartBackbone`'s) pairs, in weight order."""
+    pairs = [
+        (model.token_embedding, backbone.token_embedding),
+        (model.encoder_position_embedding, backbone.encoder_position_embedding),
+        (model.decoder_position_embedding, backbone.decoder_position_embedding),
+        (model.encoder_embedding_norm, backbone.encoder_embeddings_layer_norm),
+        (model.decoder_embedding_norm, backbone.decoder_embeddings_layer_norm),
+    ]
+    for ours, theirs in zip(model.encoder.blocks, backbone.encoder_transformer_layers):
+        pairs += block_pairs(ours, theirs)
+    for ours, theirs in zip(model.decoder.blocks, backbone.decoder_transformer_layers):
+        pairs += block_pairs(ours, theirs, cross=True)
+    return pairs

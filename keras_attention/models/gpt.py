@@ -160,11 +160,7 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         self.num_heads = check("num_heads", num_heads)
         self.hidden_dim = check("hidden_dim", hidden_dim)
         self.intermediate_dim = check("intermediate_dim", intermediate_dim)
-        if hidden_dim % num_heads:
-            raise ValueError(
-                "`hidden_dim` must be divisible by `num_heads`. Received: "
-                f"hidden_dim={hidden_dim}, num_heads={num_heads}"
-            )
+        _validation.check_divisible("hidden_dim", hidden_dim, "num_heads", num_heads)
         self.dropout = _validation.check_rate("dropout", dropout)
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
@@ -175,16 +171,9 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             "gated_feedforward", gated_feedforward
         )
         self.tie_weights = _validation.check_bool("tie_weights", tie_weights)
-        if (
-            isinstance(initializer_range, bool)
-            or not isinstance(initializer_range, (int, float))
-            or initializer_range <= 0
-        ):
-            raise ValueError(
-                "`initializer_range` must be a positive float. Received: "
-                f"initializer_range={initializer_range!r}"
-            )
-        self.initializer_range = float(initializer_range)
+        self.initializer_range = _validation.check_positive_float(
+            "initializer_range", initializer_range
+        )
         self.seed = _validation.check_seed("seed", seed)
 
         # Embedding block.
@@ -494,24 +483,15 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         config = super().get_config()
         config.update(
             {
-                "vocabulary_size": self.vocabulary_size,
-                "max_sequence_length": self.max_sequence_length,
-                "num_layers": self.num_layers,
-                "num_heads": self.num_heads,
-                "hidden_dim": self.hidden_dim,
-                "intermediate_dim": self.intermediate_dim,
-                "dropout": self.dropout,
-                "activation": self.decoder.block_arguments()["activation"],
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "num_key_value_heads": self.num_key_value_heads,
-                "use_bias": self.use_bias,
-                "normalization": self.normalization,
-                "positions": self.positions,
-                "rotary_max_wavelength": self.rotary_max_wavelength,
-                "gated_feedforward": self.gated_feedforward,
-                "tie_weights": self.tie_weights,
-                "initializer_range": self.initializer_range,
-                "seed": self.seed,
+                name: getattr(self, name)
+                for name in (
+                    "vocabulary_size", "max_sequence_length", "num_layers", "num_heads",
+                    "hidden_dim", "intermediate_dim", "dropout", "layer_norm_epsilon",
+                    "num_key_value_heads", "use_bias", "normalization", "positions",
+                    "rotary_max_wavelength", "gated_feedforward", "tie_weights",
+                    "initializer_range", "seed",
+                )
             }
         )
+        config["activation"] = self.decoder.block_arguments()["activation"]
         return config

@@ -12,25 +12,25 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
-from keras_attention import kv_cache
-from keras_attention import masking
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.layers.transformer_encoder import TransformerEncoderStack
+from keras_attention.models import _generation_args
+from keras_attention.models._translation_decoding import TranslationDecoding
 from keras_attention.models import _keras_hub
 from keras_attention.models import _text
-from keras_attention.models import beam_search
-from keras_attention.models import generation
 from keras_attention.models import layouts
 
 POSITIONS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, keras.Model):
+class Seq2SeqTransformer(
+    _text.TranslationTextModel, TranslationDecoding, layouts.TensorParallel, keras.Model
+):
     """An encoder-decoder Transformer (the paper's base model by default).
 
     source ids -> token embedding * sqrt(D) + positions -> `num_encoder_layers`
@@ -334,62 +334,6 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
                     _validation.check_token_ids(name, ids, vocabulary, length, length_name)
         return super().__call__(inputs, *args, **kwargs)
 
-    # Cached decoding.
-
-    def _cross_caches(self, encoder_token_ids, encoder_padding_mask):
-        """`(cross caches, source mask)`: the encoder run once, each block's
-        cross-attention keys and values `(B, 2, S, G, K)` computed once."""
-        encoded, mask = self.encode(encoder_token_ids, encoder_padding_mask)
-        cross_caches = tuple(
-            b.cross_attention.compute_cache(encoded) for b in self.decoder.blocks
-        )
-        return cross_caches, mask
-
-    def _decoding_caches(self, batch, length, encoder_token_ids, encoder_padding_mask):
-        """`(self caches, cross caches, source mask)` of the layers' step."""
-        cross_caches, mask = self._cross_caches(encoder_token_ids, encoder_padding_mask)
-        self_caches = tuple(
-            kv_cache.empty(
-                batch, length, b.num_key_value_heads or b.num_heads,
-                self.hidden_dim // self.num_heads, self.compute_dtype,
-            )
-            for b in self.decoder.blocks
-        )
-        return self_caches, cross_caches, mask
-
-    def _decoding_step(self, token_ids, caches, index):
-        """`T` target tokens at positions `index ..` through the decoder
-        with its caches: `(logits (B, T, V), caches)`."""
-        self_caches, cross_caches, mask = caches
-        x = self._embed(
-            token_ids,
-            self.token_embedding,
-            self.decoder_position_embedding,
-            self.decoder_embedding_norm,
-            start_index=index,
-        )
-        updated = []
-        for block, self_cache, cross_cache in zip(self.decoder.blocks, self_caches, cross_caches):
-            x, self_cache, _ = block(
-                x,
-                self_attention_cache=self_cache,
-                self_attention_cache_update_index=index,
-                cross_attention_cache=cross_cache,
-                encoder_padding_mask=mask,
-            )
-            updated.append(self_cache)
-        if self.decoder.output_layer_norm is not None:
-            x = self.decoder.output_layer_norm(x)
-        return self.token_embedding(x, reverse=True), (tuple(updated), cross_caches, mask)
-
-    @staticmethod
-    def _reorder_caches(caches, rows):
-        """Beam search's reordering: the self-attention caches follow the
-        hypotheses; the cross caches and the source mask are the same for
-        every beam of a source, so they stay as they are."""
-        self_caches, cross_caches, mask = caches
-        return beam_search.take_rows(self_caches, rows), cross_caches, mask
-
     def generate(
         self,
         encoder_token_ids,
@@ -449,42 +393,16 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
             `return_scores`, also float32 scores `(B,)` (or `(B,
             num_return_sequences)`).
         """
-        source = _validation.to_numpy(encoder_token_ids)
-        if source.ndim != 2 or source.shape[1] == 0:
-            raise ValueError(
-                "`encoder_token_ids` must have shape (batch, length) with "
-                f"length >= 1. Received: encoder_token_ids with shape {source.shape}"
-            )
-        _validation.check_token_ids(
-            "encoder_token_ids", _validation.known_token_ids("encoder_token_ids", source),
-            self.source_vocabulary_size, self.max_source_length, "max_source_length",
+        source, mask = _generation_args.check_source(
+            self, encoder_token_ids, encoder_padding_mask
         )
         max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
-        if encoder_padding_mask is None:
-            mask = source != self.pad_token_id
-        else:
-            mask = masking.standardize_numpy_mask(
-                encoder_padding_mask, "encoder_padding_mask", source.shape
-            )
         if not self.built:
             self.build()
         generator = self._get_generator()
-        start_ids = [generator.check_token("start_token_id", i) for i in np.ravel(start_token_id)]
-        if len(start_ids) != 1 and sampling == "beam":
-            raise ValueError(
-                "`start_token_id` must be one id with sampling='beam'. Received: "
-                f"start_token_id={start_token_id!r}"
-            )
-        start_token_id = start_ids[0]
-        if end_token_id is not None:
-            end_token_id = generator.check_token("end_token_id", end_token_id)
-            if end_token_id == self.pad_token_id:
-                raise ValueError(
-                    "`end_token_id` must differ from the model's `pad_token_id`, "
-                    "which the decoder reads as padding and never generates. "
-                    f"Received: end_token_id={end_token_id}, "
-                    f"pad_token_id={self.pad_token_id}"
-                )
+        start_ids, end_token_id = _generation_args.check_start_and_end(
+            generator, start_token_id, end_token_id, self.pad_token_id, sampling
+        )
         context = (source.astype("int32", copy=False), mask)
         return generator.run(
             np.tile(np.array(start_ids, "int32"), (source.shape[0], 1)),  # (B, len(start_ids))
@@ -503,21 +421,6 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
             seed=seed,
         )
 
-    def _get_generator(self):
-        if self._generator is None:
-            self._generator = generation.Generator(
-                step=self._decoding_step,
-                empty_caches=self._decoding_caches,
-                variables=lambda: self.variables,
-                vocabulary_size=self.target_vocabulary_size,
-                max_length=self.max_target_length,
-                max_length_name="max_target_length",
-                reorder_caches=self._reorder_caches,
-                # The decoder reads the pad id as padding: never generated.
-                pad_is_padding=True,
-            )
-        return self._generator
-
     @classmethod
     def from_keras_hub(cls, backbone, **kwargs):
         """A `Seq2SeqTransformer` holding a `keras_hub.models.BartBackbone`'s weights.
@@ -532,39 +435,9 @@ class Seq2SeqTransformer(_text.TranslationTextModel, layouts.TensorParallel, ker
         backbone = _text.keras_hub_backbone(
             backbone, "backbone", "BartBackbone", "Seq2SeqTransformer"
         )
-        config = backbone.get_config()
-        model = cls(
-            source_vocabulary_size=config["vocabulary_size"],
-            target_vocabulary_size=config["vocabulary_size"],
-            max_source_length=config["max_sequence_length"],
-            max_target_length=config["max_sequence_length"],
-            num_encoder_layers=config["num_layers"],
-            num_decoder_layers=config["num_layers"],
-            num_heads=config["num_heads"],
-            hidden_dim=config["hidden_dim"],
-            intermediate_dim=config["intermediate_dim"],
-            dropout=config["dropout"],
-            activation="gelu",
-            positions="learned",
-            share_embeddings=True,
-            embedding_layer_norm=True,
-            scale_embeddings=False,
-            pad_token_id=kwargs.pop("pad_token_id", 1),  # BART's <pad>
-            **kwargs,
-        )
+        model = cls(**_keras_hub.bart_arguments(backbone, kwargs))
         model.build()
-        pairs = [
-            (model.token_embedding, backbone.token_embedding),
-            (model.encoder_position_embedding, backbone.encoder_position_embedding),
-            (model.decoder_position_embedding, backbone.decoder_position_embedding),
-            (model.encoder_embedding_norm, backbone.encoder_embeddings_layer_norm),
-            (model.decoder_embedding_norm, backbone.decoder_embeddings_layer_norm),
-        ]
-        for ours, theirs in zip(model.encoder.blocks, backbone.encoder_transformer_layers):
-            pairs += _keras_hub.block_pairs(ours, theirs)
-        for ours, theirs in zip(model.decoder.blocks, backbone.decoder_transformer_layers):
-            pairs += _keras_hub.block_pairs(ours, theirs, cross=True)
-        for ours, theirs in pairs:
+        for ours, theirs in _keras_hub.bart_pairs(model, backbone):
             ours.set_weights(theirs.get_weights())
         return model
 
