@@ -463,6 +463,7 @@ def test_tiny_run_on_prepared_data_without_tensorflow(tmp_path):
     harness.last_line_value(lines, "bleu")
     # Without the prepared data it says what to do; another option is refused.
     assert "pass `--data DIR`" in harness.run_refused(EXAMPLE / "train.py", *args, env=env)
+    (tmp_path / "other.tsv").write_text("Hello.\tHola.\n")  # exists: only its name differs
     refused = harness.run_refused(
         EXAMPLE / "train.py", *args, "--fresh", "--data", str(prepared), "--source",
         str(tmp_path / "other.tsv"), env=env,
