@@ -64,7 +64,7 @@ PREFERENCES = {
         blocked="always", normalize_last=True, chunk_long_queries=True, guard_with_cond=False,
         linear_projections=True, cache_windows=True, causal_tiles=True,
     ),
-    "torch": backend.Preferences(linear_projections=True, dropout_kernel=True),
+    "torch": backend.Preferences(linear_projections=True, dropout_kernel=True, direct_calls=True),
 }
 
 
