@@ -21,6 +21,15 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+# Each worker of a run (and each script it starts) gets its share of the
+# cores for torch's threads. Left to itself, torch takes one OpenMP thread
+# per core in every process, and with two workers on two cores the threads
+# spin waiting on one another: the README's quick start fit took 25 s
+# instead of 2 that way. (TensorFlow and JAX showed no such loss.) Set before
+# torch loads; the scripts inherit the environment.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
 

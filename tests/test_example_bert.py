@@ -391,12 +391,27 @@ def test_tiny_run_pretrains_resumes_fine_tunes_fills_and_draws(tmp_path):
     assert re.search(r"step 3: loss \S+, accuracy \S+, val_loss \S+, val_accuracy", text)
     assert re.search(r"masked accuracy \S+, perplexity \S+; baselines: most frequent token "
                      r"\(.*\) accuracy \S+, unigram perplexity \S+", text)
-    assert re.search(r"testament accuracy: pretrained \S+, from scratch \S+", text)
-    fill = lines.index("fill-mask: In the beginning God created the [MASK] and the earth.")
+    assert re.search(r"testament accuracy: pretrained \S+, from scratch \S+, majority class "
+                     r"\S+", text)
+    # Each classifier tries every learning rate of the sweep (the tiny
+    # preset's 1e-3 and 3e-3) and keeps the one its validation liked best.
+    for label in ("pretrained", "from scratch"):
+        sweep = [re.fullmatch(rf"  {label}, learning rate (\S+): validation accuracy (\S+) "
+                              r"\(best at step (\d+), \S+ s\)", line) for line in lines]
+        sweep = [match for match in sweep if match]
+        assert [match.group(1) for match in sweep] == ["0.001", "0.003"]
+        assert all(int(match.group(3)) in (2, 4) for match in sweep)  # every 2 of 4 steps
+        best = max(sweep, key=lambda match: float(match.group(2)))  # the first of ties
+        assert re.search(rf"fine-tuned \({label}, learning rate {best.group(1)}\): test "
+                         r"accuracy \S+", text)
+    assert re.search(r"fill-mask: the verse's word in the top 5 for [0-5] of 5", text)
+    fill = lines.index("fill-mask: The [MASK] loved Esther above all the women.")
     assert re.fullmatch(r"  \[MASK\] at position \d+:", lines[fill + 1])
     top = [re.fullmatch(rf"    {rank}\. (\S+) (\S+)", line)
            for rank, line in enumerate(lines[fill + 2: fill + 7], start=1)]
     assert all(top), lines[fill + 2: fill + 7]
+    assert re.fullmatch(r"  the verse has 'king': (rank [1-5]|not in the top 5|not one token "
+                        r"of the vocabulary)", lines[fill + 7])
     probabilities = [float(match.group(2)) for match in top]
     assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1
     for name in ("model.keras", "vocabulary.txt", "checkpoint/model.weights.h5",

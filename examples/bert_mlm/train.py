@@ -7,8 +7,10 @@ linear warm-up then cosine decay) -> `model.fit` with a validation loss and
 a checkpoint every `eval_interval` steps -> masked-token accuracy and
 perplexity on the test books beside two baselines (the most frequent token;
 a unigram model) -> fine-tuning `BertClassifier` to tell which testament a
-verse comes from, from the pretrained encoder and from scratch, with the
-same steps -> a fill-mask demo -> a picture of one layer's attention heads.
+verse comes from, from the pretrained encoder and from scratch, each with
+the same budget and the learning rate its validation books chose -> a
+fill-mask demo on verses of the test books -> a picture of one layer's
+attention heads.
 
 Usage:
 
@@ -63,7 +65,18 @@ from keras_attention.models import BertClassifier  # noqa: E402
 from keras_attention.models import BertEncoder  # noqa: E402
 from keras_attention.models import BertMaskedLM  # noqa: E402
 
-FILL_MASK_SENTENCE = "In the beginning God created the [MASK] and the earth."
+# The fill-mask demo: verses of the test books (never trained on), each with a
+# content word masked, beside the word the verse has there. The first that fits
+# the model is the picture's sentence.
+FILL_MASK_SENTENCES = (
+    ("The [MASK] loved Esther above all the women.", "king"),  # Esther 2:17
+    ("I am the good [MASK]. The good shepherd lays down his life for the sheep.",
+     "shepherd"),  # John 10:11
+    ("Whoever believes in him should not perish, but have eternal [MASK].", "life"),  # John 3:16
+    ("For everything there is a season, and a [MASK] for every purpose under heaven.",
+     "time"),  # Ecclesiastes 3:1
+    ("Your people shall be my people, and your [MASK] my God.", "god"),  # Ruth 1:16
+)
 
 
 @dataclasses.dataclass
@@ -90,10 +103,20 @@ class Config:
     learning_rate: float = 5e-4
     weight_decay: float = 0.01
     progress_seconds: float = 30.0  # a progress line at least this often
-    # Fine-tuning: which testament a verse comes from.
-    finetune_steps: int = 100
+    # Fine-tuning: which testament a verse comes from. Both classifiers (on
+    # the pretrained encoder, and from scratch) get the same budget: at each
+    # learning rate of the sweep, at most `finetune_steps` steps, validated
+    # on the validation books every `finetune_eval_interval` steps, stopped
+    # when that accuracy has not risen for `finetune_patience` checks, the
+    # best weights kept. Each keeps the rate its validation liked best, and
+    # only that classifier is scored on the test books.
+    finetune_steps: int = 600
+    finetune_eval_interval: int = 50
+    finetune_patience: int = 3
+    finetune_learning_rates: list[float] = dataclasses.field(
+        default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3]
+    )
     finetune_verses_per_class: int = 2000  # from the training books
-    finetune_learning_rate: float = 2e-4
     finetune_batch_size: int = 32
     finetune_sequence_length: int = 48  # [CLS] verse [SEP], truncated
     # The picture.
@@ -120,8 +143,9 @@ PRESETS = {
         eval_interval=1000,
         warmup_steps=1000,
         learning_rate=2e-4,
-        finetune_steps=500,
-        finetune_learning_rate=3e-5,
+        finetune_steps=2000,
+        finetune_eval_interval=100,
+        finetune_learning_rates=[1e-5, 3e-5, 1e-4],
     ),
     "tiny": dict(
         max_train_verses=600,
@@ -138,6 +162,9 @@ PRESETS = {
         eval_interval=3,
         warmup_steps=2,
         finetune_steps=4,
+        finetune_eval_interval=2,
+        finetune_patience=1,
+        finetune_learning_rates=[1e-3, 3e-3],
         finetune_verses_per_class=16,
         finetune_batch_size=8,
         finetune_sequence_length=16,
@@ -384,23 +411,25 @@ def balanced_verses(verses, per_class, seed):
     return chosen
 
 
-def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None,
-              distribute_kind=None):
-    """Trains a testament classifier for `finetune_steps` steps, from the
-    encoder of `pretrained` (a `BertMaskedLM`) or from scratch; returns the
-    accuracy on `test_verses`."""
+def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
+               distribute_kind=None):
+    """Trains a testament classifier from the encoder of `pretrained` (a
+    `BertMaskedLM`) or from scratch at `learning_rate`: at most
+    `finetune_steps` steps, validated every `finetune_eval_interval` steps on
+    `splits["validation"]`, stopped after `finetune_patience` checks without
+    a better validation accuracy, ending with the best weights (Keras's
+    `EarlyStopping`). Returns `(classifier, validation accuracy, steps)`."""
     if pretrained is not None:
         classifier = BertClassifier.from_masked_lm(pretrained, num_classes=2, seed=config.seed)
     else:
-        # The same seed: both runs start from the same output layer draw.
+        # The same seed: every run starts from the same draws.
         keras.utils.set_random_seed(config.seed)
         encoder = BertEncoder(**model_arguments(config, vocabulary))
         classifier = BertClassifier(encoder, num_classes=2, seed=config.seed)
         classifier.build()
     warmup = max(config.finetune_steps // 10, 1)
     classifier.compile(
-        optimizer=adamw(config.finetune_learning_rate, config.finetune_steps, warmup,
-                        config.weight_decay),
+        optimizer=adamw(learning_rate, config.finetune_steps, warmup, config.weight_decay),
         # Over the weighted verses: the rows that pad a batch for several
         # devices weigh 0 (`distribute.even_batches`).
         loss=keras.losses.SparseCategoricalCrossentropy(
@@ -408,23 +437,63 @@ def fine_tune(config, vocabulary, train_verses, test_verses, pretrained=None,
         ),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
-    length = config.finetune_sequence_length
     batches = data.testament_batches(
-        train_verses, vocabulary, length, config.finetune_batch_size, seed=config.seed
+        splits["train"], vocabulary, config.finetune_sequence_length,
+        config.finetune_batch_size, seed=config.seed,
     )
-    test = data.testament_batches(test_verses, vocabulary, length, config.finetune_batch_size)
-    test = distribute.even_batches(test, distribute_kind)
-    start = time.perf_counter()
-    classifier.fit(batches, epochs=1, steps_per_epoch=config.finetune_steps, verbose=0,
-                   shuffle=False)
-    _, accuracy = classifier.evaluate(test, verbose=0)
-    label = "pretrained" if pretrained is not None else "from scratch"
+    stopping = keras.callbacks.EarlyStopping(
+        monitor="val_accuracy", mode="max", patience=config.finetune_patience,
+        restore_best_weights=True,
+    )
+    interval = config.finetune_eval_interval
+    history = classifier.fit(
+        batches, epochs=config.finetune_steps // interval, steps_per_epoch=interval,
+        validation_data=splits["validation"], callbacks=[stopping], verbose=0, shuffle=False,
+    )
+    accuracy = max(history.history["val_accuracy"])
+    return classifier, accuracy, (stopping.best_epoch + 1) * interval
+
+
+def compare_fine_tuning(config, vocabulary, datasets, pretrained, distribute_kind=None):
+    """Fine-tunes a classifier on the pretrained encoder and one from
+    scratch, each at every learning rate of `finetune_learning_rates`; each
+    keeps the rate with the best validation accuracy, which alone is scored
+    on the test books. Returns `{"pretrained": accuracy, "from scratch":
+    accuracy, "majority": the majority class's share of the test verses}`."""
+    labels = np.array([data.testament(v) for v in datasets["test"]])
+    majority = max(labels.mean(), 1 - labels.mean())
+    splits = {"train": balanced_verses(
+        datasets["train"], config.finetune_verses_per_class, config.seed
+    )}
+    length, batch_size = config.finetune_sequence_length, config.finetune_batch_size
+    for name in ("validation", "test"):
+        batches = data.testament_batches(datasets[name], vocabulary, length, batch_size)
+        splits[name] = distribute.even_batches(batches, distribute_kind)
     print(
-        f"fine-tuned ({label}) {config.finetune_steps} steps in "
-        f"{time.perf_counter() - start:.1f} s: test accuracy {accuracy:.4f}",
+        f"fine-tuning: which testament, {len(splits['train'])} training verses (balanced), "
+        f"{len(datasets['validation'])} validation verses to choose the learning rate and "
+        f"stop, {len(labels)} test verses (majority class {majority:.4f})",
         flush=True,
     )
-    return accuracy
+    results = {"majority": majority}
+    for label, source in (("pretrained", pretrained), ("from scratch", None)):
+        best = None
+        for rate in config.finetune_learning_rates:
+            start = time.perf_counter()
+            classifier, accuracy, steps = fine_tune(
+                config, vocabulary, splits, rate, source, distribute_kind
+            )
+            print(
+                f"  {label}, learning rate {rate:g}: validation accuracy {accuracy:.4f} "
+                f"(best at step {steps}, {time.perf_counter() - start:.1f} s)",
+                flush=True,
+            )
+            if best is None or accuracy > best[1]:
+                best = (classifier, accuracy, rate)
+        _, results[label] = best[0].evaluate(splits["test"], verbose=0)
+        print(f"fine-tuned ({label}, learning rate {best[2]:g}): test accuracy "
+              f"{results[label]:.4f}", flush=True)
+    return results
 
 
 # Samples.
@@ -445,13 +514,41 @@ def fill_mask(model, vocabulary, sentence, top_k=5):
     return results
 
 
+def fill_mask_demo(model, vocabulary, picture, layer):
+    """`fill_mask` on each of `FILL_MASK_SENTENCES` that fits the model, with
+    the rank of the verse's own word; then the attention of block `layer`
+    on the first of them, `[MASK]` and all (where the mask's row shows what
+    the model reads to fill it), saved to `picture`."""
+    found, fitting = 0, []
+    for sentence, answer in FILL_MASK_SENTENCES:
+        length = len(vocabulary.encode(sentence)) + 2  # [CLS] ... [SEP]
+        if length > model.max_sequence_length:
+            print(f"fill-mask: {sentence}\n  skipped: {length} tokens, the model takes "
+                  f"{model.max_sequence_length}")
+            continue
+        [(tokens, _)] = fill_mask(model, vocabulary, sentence)
+        found += answer in tokens
+        fitting.append(sentence)
+        print(f"  the verse has {answer!r}: {_rank(answer, tokens, vocabulary)}")
+    print(f"fill-mask: the verse's word in the top 5 for {found} of {len(FILL_MASK_SENTENCES)}")
+    if fitting:
+        plot_attention_heads(model, vocabulary, fitting[0], layer, picture)
+
+
+def _rank(answer, tokens, vocabulary):
+    if answer in tokens:
+        return f"rank {tokens.index(answer) + 1}"
+    if answer not in vocabulary.tokens:
+        return "not one token of the vocabulary"
+    return f"not in the top {len(tokens)}"
+
+
 def plot_attention_heads(model, vocabulary, sentence, layer, path):
     """Saves the attention of every head of block `layer` on `sentence`
     (`[CLS] sentence [SEP]`) as a PNG, rows the queries, columns the keys."""
     from keras_attention.visualization import capture_attention, plot_attention
 
     ids = np.array([[data.CLS_ID] + vocabulary.encode(sentence) + [data.SEP_ID]], "int32")
-    ids = ids[:, : model.max_sequence_length]
     # The encoder alone: the masked-LM model computes its last block at the
     # mask positions only, so its maps there would have those rows alone.
     maps = dict(capture_attention(model.encoder, {"token_ids": ids}))
@@ -555,33 +652,13 @@ def _run(args, config, output, checkpoint, start_step, datasets, began):
     if args.pretrain_only:
         print(f"masked_accuracy: {results['accuracy']:.4f}")
         return results
-    finetune_train = balanced_verses(
-        datasets["train"], config.finetune_verses_per_class, config.seed
-    )
-    test_verses = datasets["test"]
-    majority = max(np.mean([data.testament(v) for v in test_verses]),
-                   1 - np.mean([data.testament(v) for v in test_verses]))
+    scores = compare_fine_tuning(config, vocabulary, datasets, model, args.distribute)
     print(
-        f"fine-tuning: which testament, {len(finetune_train)} training verses "
-        f"(balanced), {len(test_verses)} test verses (majority class {majority:.4f})",
-        flush=True,
-    )
-    pretrained_accuracy = fine_tune(
-        config, vocabulary, finetune_train, test_verses, model, args.distribute
-    )
-    scratch_accuracy = fine_tune(
-        config, vocabulary, finetune_train, test_verses, distribute_kind=args.distribute
-    )
-    print(
-        f"testament accuracy: pretrained {pretrained_accuracy:.4f}, from scratch "
-        f"{scratch_accuracy:.4f}"
+        f"testament accuracy: pretrained {scores['pretrained']:.4f}, from scratch "
+        f"{scores['from scratch']:.4f}, majority class {scores['majority']:.4f}"
     )
 
-    fill_mask(model, vocabulary, FILL_MASK_SENTENCE)
-    plot_attention_heads(
-        model, vocabulary, FILL_MASK_SENTENCE.replace("[MASK]", "heavens"),
-        config.attention_layer, output / "attention.png",
-    )
+    fill_mask_demo(model, vocabulary, output / "attention.png", config.attention_layer)
     print(f"total {time.perf_counter() - began:.0f} s")
     print(f"masked_accuracy: {results['accuracy']:.4f}")
     return results
