@@ -44,8 +44,9 @@ class TranslationPreprocessor(keras_hub.models.Preprocessor):
     but the first (`target [end]`), the sample weights 1 on real labels and
     0 on padding, as KerasHub's `Seq2SeqLMPreprocessor` makes them for one
     tokenizer (the end token is a decoder input too, where its label is
-    padding: causal attention keeps it from the real positions). A target longer than `decoder_sequence_length - 1` tokens is
-    cut, and its end token kept.
+    padding: causal attention keeps it from the real positions). A target
+    longer than `decoder_sequence_length - 1` tokens is cut, and its end
+    token kept.
 
     `preprocessor(x)` takes KerasHub's dictionary `{"encoder_text": sources,
     "decoder_text": targets}` or the pair `(sources, targets)`;
