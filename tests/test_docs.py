@@ -45,6 +45,11 @@ def test_text_page_code_runs():
     pytest.importorskip("keras_hub")
     namespace = _run_blocks(DOCS / "text.md")
     assert namespace["text"].startswith("a b")
+    # Two vocabularies: "un gato" is [7, 5] in the Spanish one.
+    assert [int(i) for i in namespace["x"]["decoder_token_ids"][1][:5]] == [2, 7, 5, 3, 0]
+    assert [int(i) for i in namespace["y"][1][:4]] == [7, 5, 3, 0]
+    loaded = namespace["loaded"]
+    assert loaded.preprocessor.get_config() == namespace["preprocessor"].get_config()
 
 
 def test_docs_build_with_warnings_as_errors(tmp_path):

@@ -374,16 +374,58 @@ def test_prepared_data_round_trips_without_wordpiece(data, tokenizer, tmp_path):
     data.save_prepared(tmp_path, splits, tokenizer, {"max_words": 20})
     loaded, prepared, ids, settings = data.load_prepared(tmp_path)
     assert loaded == splits and settings == {"max_words": 20}
-    assert prepared._wordpiece is None
+    assert prepared._preprocessor is None
     for name, split in splits.items():
         expected = tokenizer.encode_source([p.source for p in split])
         assert ids[name][0] == expected
         assert ids[name][1] == tokenizer.encode_target([p.target for p in split])
         # Known texts encode without making KerasHub's WordPiece.
         assert prepared.encode_source([p.source for p in split]) == expected
-    assert prepared._wordpiece is None
+    assert prepared._preprocessor is None
     with pytest.raises(ValueError, match=r"`--data` must be a folder .*data='"):
         data.load_prepared(tmp_path / "missing")
+
+
+def test_tokenizers_are_a_translation_preprocessors(data, tokenizer, tmp_path):
+    from keras_attention.models import Seq2SeqTransformer
+    from keras_attention.models import TranslationPreprocessor
+
+    preprocessor = tokenizer.preprocessor
+    assert isinstance(preprocessor, TranslationPreprocessor)
+    assert (tokenizer.source, tokenizer.target) == (
+        preprocessor.source_tokenizer, preprocessor.target_tokenizer
+    )
+    assert (preprocessor.start_token_id, preprocessor.end_token_id,
+            preprocessor.pad_token_id) == (data.START_ID, data.END_ID, data.PAD_ID)
+    # Its packing is the example's teacher forcing, padded.
+    sources, targets = [s for s, _ in SENTENCES], [t for _, t in SENTENCES]
+    x, labels, _ = preprocessor((sources, targets), encoder_sequence_length=24,
+                                decoder_sequence_length=24)
+    for row, (s, t) in enumerate(zip(tokenizer.encode_source(sources),
+                                     tokenizer.encode_target(targets))):
+        encoder, decoder, y = data.teacher_forcing(s, t, 24)
+        np.testing.assert_array_equal(np.asarray(x["encoder_token_ids"][row])[: len(encoder)], encoder)
+        np.testing.assert_array_equal(np.asarray(x["decoder_token_ids"][row])[: len(decoder)], decoder)
+        np.testing.assert_array_equal(np.asarray(labels[row]), y + [0] * (24 - len(y)))
+
+    # A model saved and loaded as `translate.py` does translates text, as
+    # the example's `translate` does, but for the spaces around punctuation
+    # and a leading `##` piece, which KerasHub's detokenization keeps.
+    keras.utils.set_random_seed(2)
+    model = Seq2SeqTransformer(tokenizer.source_vocabulary_size, tokenizer.target_vocabulary_size,
+                               16, 16, 1, 1, 2, 16, 32)
+    model.build()
+    model.save(tmp_path / "model.keras")
+    tokenizer.save(tmp_path)
+    loaded, loaded_tokenizer = _load("translate").load(tmp_path)
+    assert loaded.preprocessor.decoder_sequence_length == 16
+    texts = ["In the beginning.", "Jesus wept."]
+    example = _load("translate").translate(loaded, loaded_tokenizer, texts, "greedy")
+    def bare(text):
+        return text.replace(" ", "").replace("##", "")
+
+    assert [bare(t) for t in loaded.translate(texts)] == [bare(t) for t in example]
+    assert all(example)
 
 
 def test_source_batches_sort_by_length_and_pad(data, tokenizer):

@@ -3,6 +3,7 @@ README's install commands and its quick start, which must run where
 TensorFlow cannot be imported (a JAX or torch install)."""
 
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -112,3 +113,60 @@ def test_public_functions_carry_type_hints():
         for name, parameter in signature.parameters.items():
             if name not in ("self", "cls"):
                 assert parameter.annotation is not inspect.Parameter.empty, (function, name)
+
+
+# The methods of the public classes whose arguments must carry hints, where a
+# class defines them (Keras's own, e.g. an inherited `__init__`, are Keras's).
+HINTED_METHODS = (
+    "__init__", "call", "generate", "fill_mask", "translate", "from_keras_hub", "from_preset",
+    "save_to_preset", "generate_preprocess", "generate_postprocess",
+)
+
+
+def _public_callables():
+    """`(name, function)` of every public constructor, model method and
+    function of `layers`, `models` and `scoring` written in this package."""
+    import importlib
+    import inspect
+
+    package = pathlib.Path(keras_attention.__file__).parent
+    found = []
+    for module_name in ("layers", "models", "scoring"):
+        module = importlib.import_module(f"keras_attention.{module_name}")
+        for name in module.__all__:
+            if name == "TranslationPreprocessor" and importlib.util.find_spec("keras_hub") is None:
+                continue  # needs KerasHub
+            value = getattr(module, name)
+            functions = (
+                [(f"{name}.{m}", getattr(value, m)) for m in HINTED_METHODS if hasattr(value, m)]
+                if inspect.isclass(value) else [(name, value)]
+            )
+            for label, function in functions:
+                function = inspect.unwrap(getattr(function, "__func__", function))
+                source = inspect.getsourcefile(function)
+                if source and pathlib.Path(source).resolve().is_relative_to(package.resolve()):
+                    found.append((f"{module_name}.{label}", function))
+    return found
+
+
+def test_public_constructors_and_methods_carry_type_hints():
+    import inspect
+    import typing
+
+    functions = _public_callables()
+    labels = {label for label, _ in functions}
+    # The walk reaches what it must (a class whose constructor is Keras's,
+    # as LayerNormalization's, is skipped).
+    assert {
+        "layers.MultiHeadAttention.__init__", "layers.MultiHeadAttention.call",
+        "layers.TransformerDecoderBlock.call", "models.GPT.generate", "models.GPT.from_preset",
+        "models.BertMaskedLM.fill_mask", "models.Seq2SeqTransformer.translate",
+        "models.Seq2SeqTransformer.from_keras_hub", "scoring.Additive.__init__", "scoring.get",
+    } <= labels
+    missing = []
+    for label, function in functions:
+        for name, parameter in inspect.signature(function).parameters.items():
+            if name not in ("self", "cls") and parameter.annotation is inspect.Parameter.empty:
+                missing.append(f"{label}({name})")
+        typing.get_type_hints(function)  # the hints name types that exist
+    assert not missing, f"arguments without a type hint: {missing}"

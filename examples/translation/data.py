@@ -18,7 +18,9 @@
   side (20 by default: 12,302 of the 31,025 Bible pairs).
 - `PairTokenizer`: KerasHub WordPiece vocabularies learned from the training
   split (one per language, or one shared by both), saved as one token a line
-  next to the checkpoints; `detokenize` turns ids back into text for BLEU.
+  next to the checkpoints; its tokenizers are those of a
+  `keras_attention.models.TranslationPreprocessor` (`preprocessor`);
+  `detokenize` turns ids back into text for BLEU.
 - `train_batches` and `eval_batches`: `tf.data` pipelines that tokenize,
   bucket by length (`bucket_by_sequence_length`) and pad with 0 for teacher
   forcing: `({"encoder_token_ids": (B, S), "decoder_token_ids": (B, T)},
@@ -362,13 +364,20 @@ class PairTokenizer:
         # Ids of texts tokenized before (`remember`): prepared data, read
         # where KerasHub's WordPiece (and so TensorFlow) is absent.
         self.known = {"source": {}, "target": {}}
-        self._wordpiece = None
+        self._preprocessor = None
 
-    def _tokenizers(self):
-        """KerasHub's WordPiece tokenizers `(source, target)`, made on first
-        use: they need TensorFlow and tensorflow-text."""
-        if self._wordpiece is None:
+    @property
+    def preprocessor(self):
+        """The `keras_attention.models.TranslationPreprocessor` of the pairs,
+        made on first use (it needs KerasHub): KerasHub's WordPiece
+        tokenizers of the two vocabularies (one for both when shared) and the
+        ids `[START]`, `[END]` and `[PAD]`. Its tokenizers tokenize the
+        pairs here; `translate.load` gives it to the model, whose
+        `translate("text")` then works."""
+        if self._preprocessor is None:
             import keras_hub
+
+            from keras_attention.models import TranslationPreprocessor
 
             def wordpiece(vocabulary):
                 return keras_hub.tokenizers.WordPieceTokenizer(
@@ -376,19 +385,22 @@ class PairTokenizer:
                     dtype="int32",
                 )
 
-            source = wordpiece(self.source_vocabulary)
-            self._wordpiece = (source, source if self.shared else wordpiece(self.target_vocabulary))
-        return self._wordpiece
+            self._preprocessor = TranslationPreprocessor(
+                wordpiece(self.source_vocabulary),
+                None if self.shared else wordpiece(self.target_vocabulary),
+                start_token_id=START_ID, end_token_id=END_ID, pad_token_id=PAD_ID,
+            )
+        return self._preprocessor
 
     @property
     def source(self):
         """KerasHub's WordPiece tokenizer of the source side."""
-        return self._tokenizers()[0]
+        return self.preprocessor.source_tokenizer
 
     @property
     def target(self):
         """KerasHub's WordPiece tokenizer of the target side."""
-        return self._tokenizers()[1]
+        return self.preprocessor.target_tokenizer
 
     def remember(self, side, texts, ids):
         """Records the ids of `texts` on `side` (`"source"` or `"target"`), so

@@ -88,14 +88,26 @@ def translate(
 
 
 def load(output_dir):
-    """`(model, tokenizer)` saved by `train.py` in `output_dir`."""
+    """`(model, tokenizer)` saved by `train.py` in `output_dir`.
+
+    The model holds the tokenizer's `TranslationPreprocessor` in
+    `model.preprocessor`, packing to its lengths, so that
+    `model.translate("text")` also works (with KerasHub's WordPiece
+    detokenization, which spaces punctuation apart; `translate` here joins
+    it as `data.join_tokens` does).
+    """
     import keras
 
     import keras_attention  # noqa: F401  registers the classes for loading
 
     output = pathlib.Path(output_dir)
     model = keras.saving.load_model(output / "model.keras", compile=False)
-    return model, data.PairTokenizer.load(output)
+    tokenizer = data.PairTokenizer.load(output)
+    preprocessor = tokenizer.preprocessor
+    preprocessor.encoder_sequence_length = model.max_source_length
+    preprocessor.decoder_sequence_length = model.max_target_length
+    model.preprocessor = preprocessor
+    return model, tokenizer
 
 
 def main(argv=None):

@@ -13,6 +13,8 @@ The layers named after KerasHub's (`TransformerEncoder`,
 names meant stacks (`KerasHubBlockName`).
 """
 
+from typing import Any
+
 import keras
 
 # Keras arguments that our layer takes under the same name and meaning.
@@ -211,7 +213,7 @@ class KerasHubBlockName:
             cls.stack_class = stack
             cls.former_stack_class = former_stack_name(stack, cls.__name__)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         if "num_layers" in kwargs:
             raise TypeError(
                 f"`{type(self).__name__}` is one block, as "

@@ -11,6 +11,7 @@ width (`hidden_dim`), `H` heads, `K` head size.
 """
 
 import inspect
+from typing import Any
 
 import keras
 import numpy as np
@@ -247,7 +248,7 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
     one of the two blocks.
     """
 
-    def __init__(self, intermediate_dim, num_heads, **kwargs):
+    def __init__(self, intermediate_dim: int, num_heads: int, **kwargs: Any) -> None:
         arguments, rest = BlockArguments.split(
             dict(kwargs, intermediate_dim=intermediate_dim, num_heads=num_heads)
         )
@@ -307,8 +308,13 @@ class TransformerStack(DirectCalls, keras.layers.Layer):
     block_class = None
 
     def __init__(
-        self, num_layers, intermediate_dim, num_heads, final_layer_norm=None, **kwargs
-    ):
+        self,
+        num_layers: int,
+        intermediate_dim: int,
+        num_heads: int,
+        final_layer_norm: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         arguments, rest = BlockArguments.split(
             dict(kwargs, intermediate_dim=intermediate_dim, num_heads=num_heads)
         )

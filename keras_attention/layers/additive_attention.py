@@ -4,6 +4,8 @@ Shape legend: `B` batch, `...` further batch axes, `T` query length, `S`
 key/value length, `D` feature size.
 """
 
+from typing import Any
+
 import keras
 
 from keras_attention import scoring
@@ -55,7 +57,13 @@ class AdditiveAttention(Attention):
         - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
     """
 
-    def __init__(self, use_scale=True, dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self,
+        use_scale: bool = True,
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.pop("score_mode", None)  # Keras's layer takes and ignores it
         super().__init__(use_scale=use_scale, dropout=dropout, seed=seed, **kwargs)
 

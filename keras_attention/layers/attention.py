@@ -5,6 +5,7 @@ key/value length, `D` feature size.
 """
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
@@ -12,6 +13,7 @@ from keras import ops
 from keras_attention import _validation
 from keras_attention import masking
 from keras_attention import scoring
+from keras_attention._typing import Tensor
 from keras_attention.layers import _keras_interop
 from keras_attention.layers.soft_attention import SoftAttention
 
@@ -86,7 +88,14 @@ class Attention(SoftAttention):
         - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
     """
 
-    def __init__(self, use_scale=False, score_mode="dot", dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self,
+        use_scale: bool = False,
+        score_mode: str = "dot",
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         if score_mode not in SCORE_MODES:
             raise ValueError(
                 "Invalid value for argument score_mode. Expected one of "
@@ -115,11 +124,11 @@ class Attention(SoftAttention):
 
     def call(
         self,
-        inputs,
-        mask=None,
-        training=None,
-        return_attention_scores=False,
-        use_causal_mask=False,
+        inputs: Tensor,
+        mask: Tensor | None = None,
+        training: bool | None = None,
+        return_attention_scores: bool = False,
+        use_causal_mask: bool = False,
     ):
         check_inputs(self, inputs, mask)
         query, value, key = _three(inputs)

@@ -4,10 +4,16 @@ Shape legend: `B` batch, `T` sequence length, `D` input width, `F`
 intermediate width (`intermediate_dim`), `O` output width.
 """
 
+from typing import Any
+
 import keras
 
 from keras_attention import _validation
 from keras_attention import activations
+from keras_attention._typing import Activation
+from keras_attention._typing import Initializer
+from keras_attention._typing import Regularizer
+from keras_attention._typing import Tensor
 from keras_attention.layers import _projection
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._dropout import Dropout
@@ -83,19 +89,19 @@ class FeedForward(DirectCalls, keras.layers.Layer):
 
     def __init__(
         self,
-        intermediate_dim,
-        activation="relu",
-        dropout=0.0,
-        gated=False,
-        output_dim=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        seed=None,
-        **kwargs,
-    ):
+        intermediate_dim: int,
+        activation: Activation = "relu",
+        dropout: float = 0.0,
+        gated: bool = False,
+        output_dim: int | None = None,
+        use_bias: bool = True,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        kernel_regularizer: Regularizer | None = None,
+        bias_regularizer: Regularizer | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.intermediate_dim = _validation.check_positive_int(
             "intermediate_dim", intermediate_dim
@@ -157,7 +163,7 @@ class FeedForward(DirectCalls, keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Tensor, training: bool | None = None):
         hidden = _projection.dense_call(self.intermediate_dense, inputs)  # (B, T, F)
         if self.gated:
             gate = self.activation(_projection.dense_call(self.gate_dense, inputs))  # (B, T, F)

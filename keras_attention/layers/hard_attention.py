@@ -10,6 +10,7 @@ that carries the gradient of the chosen estimator).
 """
 
 import numbers
+from typing import Any
 
 import keras
 import numpy as np
@@ -20,6 +21,8 @@ from keras_attention import masking
 from keras_attention import kernels
 from keras_attention import ops as attention_ops
 from keras_attention import scoring
+from keras_attention._typing import Scorer
+from keras_attention._typing import Tensor
 
 SELECTIONS = ("argmax", "sample")
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -159,15 +162,15 @@ class HardAttention(keras.layers.Layer):
 
     def __init__(
         self,
-        score="scaled_dot",
-        selection="sample",
-        estimator="reinforce",
-        temperature=1.0,
-        seed=None,
-        hard=False,
-        inference_selection="argmax",
-        **kwargs,
-    ):
+        score: Scorer = "scaled_dot",
+        selection: str = "sample",
+        estimator: str = "reinforce",
+        temperature: float = 1.0,
+        seed: int | None = None,
+        hard: bool = False,
+        inference_selection: str = "argmax",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.selection = _validation.check_choice("selection", selection, SELECTIONS)
         self.estimator = _validation.check_choice("estimator", estimator, ESTIMATORS)
@@ -217,17 +220,17 @@ class HardAttention(keras.layers.Layer):
 
     def call(
         self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        return_log_prob=False,
-        training=None,
+        query: Tensor,
+        value: Tensor,
+        key: Tensor | None = None,
+        query_mask: Tensor | None = None,
+        value_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        return_log_prob: bool = False,
+        training: bool | None = None,
     ):
         _validation.check_attention_shapes(
             query.shape, value.shape, None if key is None else key.shape

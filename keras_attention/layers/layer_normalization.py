@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attention import backend
+from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 
 
@@ -24,7 +25,7 @@ class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
     Other axes and the deprecated `rms_scaling` run Keras's computation.
     """
 
-    def call(self, inputs):
+    def call(self, inputs: Tensor):
         last = [len(inputs.shape) - 1]
         axis = [a % len(inputs.shape) for a in self.axis]
         if not self.rms_scaling and axis == last:

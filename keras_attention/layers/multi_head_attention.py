@@ -5,6 +5,8 @@ length, `H` query heads, `G` key/value heads (`H` divisible by `G`), `K` key
 head size, `V` value head size, `D` model width, `O` output width.
 """
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -14,6 +16,12 @@ from keras_attention import kernels
 from keras_attention import kv_cache
 from keras_attention import masking
 from keras_attention import scoring
+from keras_attention._typing import Constraint
+from keras_attention._typing import Initializer
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Regularizer
+from keras_attention._typing import Scorer
+from keras_attention._typing import Tensor
 from keras_attention.layers import _projection
 from keras_attention.layers._attention_axes import AttentionOverAxes
 from keras_attention.layers._direct_calls import DirectCalls
@@ -169,30 +177,30 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
 
     def __init__(
         self,
-        num_heads,
-        key_dim,
-        value_dim=None,
-        dropout=0.0,
-        use_bias=True,
-        output_shape=None,
-        num_key_value_heads=None,
-        score="scaled_dot",
-        rotary_embedding=None,
-        fused=True,
-        seed=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        bias_constraint=None,
-        attention_axes=None,
-        use_gate=False,
-        sliding_window=None,
-        flash_attention=None,
-        **kwargs,
-    ):
+        num_heads: int,
+        key_dim: int,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_shape: int | tuple[int, ...] | None = None,
+        num_key_value_heads: int | None = None,
+        score: Scorer = "scaled_dot",
+        rotary_embedding: keras.layers.Layer | None = None,
+        fused: bool = True,
+        seed: int | None = None,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        kernel_regularizer: Regularizer | None = None,
+        bias_regularizer: Regularizer | None = None,
+        activity_regularizer: Regularizer | None = None,
+        kernel_constraint: Constraint | None = None,
+        bias_constraint: Constraint | None = None,
+        attention_axes: int | tuple[int, ...] | None = None,
+        use_gate: bool = False,
+        sliding_window: int | None = None,
+        flash_attention: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
         check = _validation.check_positive_int
         self.num_heads = check("num_heads", num_heads)
@@ -280,18 +288,18 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
 
     def call(
         self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        cache=None,
-        cache_update_index=None,
+        query: Tensor,
+        value: Tensor,
+        key: Tensor | None = None,
+        query_mask: Tensor | None = None,
+        value_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        use_causal_mask: bool = False,
+        cache: Tensor | None = None,
+        cache_update_index: IntOrTensor | None = None,
     ):
         axes = self._check_shapes(
             query.shape, value.shape, None if key is None else key.shape

@@ -5,11 +5,15 @@ Shape legend: `B` batch, `T` sequence length, `L` table length
 """
 
 import numbers
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Initializer
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers.sinusoidal_position_encoding import broadcast_rows
 from keras_attention.layers.sinusoidal_position_encoding import check_table_inputs
@@ -73,7 +77,12 @@ class PositionEmbedding(DirectCalls, keras.layers.Layer):
           (learned and sinusoidal positions compared).
     """
 
-    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+    def __init__(
+        self,
+        sequence_length: int,
+        initializer: Initializer = "glorot_uniform",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.sequence_length = _validation.check_positive_int(
             "sequence_length", sequence_length
@@ -91,7 +100,7 @@ class PositionEmbedding(DirectCalls, keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(self, inputs: Tensor, start_index: IntOrTensor = 0, positions: Tensor | None = None):
         self._check_inputs(inputs.shape, start_index, positions)
         table = ops.cast(self.embeddings, self.compute_dtype)  # (L, D)
         if positions is not None:

@@ -6,12 +6,15 @@ Shape legend: `B` batch, `T` sequence length, `H` heads, `D` head size (even),
 
 import math
 import numbers
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers.sinusoidal_position_encoding import (
     check_positive_number,
@@ -108,18 +111,18 @@ class RotaryEmbedding(DirectCalls, keras.layers.Layer):
 
     def __init__(
         self,
-        max_wavelength=10000,
-        scaling_factor=1.0,
-        rope_type="linear",
-        beta_fast=32.0,
-        beta_slow=1.0,
-        original_max_position_embeddings=4096,
-        truncate=True,
-        sequence_axis=1,
-        feature_axis=-1,
-        denominator_dim=None,
-        **kwargs,
-    ):
+        max_wavelength: int = 10000,
+        scaling_factor: float = 1.0,
+        rope_type: str = "linear",
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        original_max_position_embeddings: int = 4096,
+        truncate: bool = True,
+        sequence_axis: int = 1,
+        feature_axis: int = -1,
+        denominator_dim: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
         self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
@@ -138,7 +141,7 @@ class RotaryEmbedding(DirectCalls, keras.layers.Layer):
         self.supports_masking = True
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(self, inputs: Tensor, start_index: IntOrTensor = 0, positions: Tensor | None = None):
         sequence_axis, feature_axis = self._check_inputs(
             inputs.shape, start_index, positions
         )

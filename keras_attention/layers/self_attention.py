@@ -3,11 +3,17 @@
 Shape legend: `B` batch, `T` sequence length, `D` input features, `U` units.
 """
 
+from typing import Any
+
 import keras
 
 from keras_attention import _validation
 from keras_attention import scoring
 from keras_attention import masking
+from keras_attention._typing import Initializer
+from keras_attention._typing import Regularizer
+from keras_attention._typing import Scorer
+from keras_attention._typing import Tensor
 from keras_attention.layers.soft_attention import SoftAttention
 
 
@@ -61,17 +67,17 @@ class SelfAttention(keras.layers.Layer):
 
     def __init__(
         self,
-        units,
-        score="scaled_dot",
-        dropout=0.0,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        seed=None,
-        **kwargs,
-    ):
+        units: int,
+        score: Scorer = "scaled_dot",
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        kernel_regularizer: Regularizer | None = None,
+        bias_regularizer: Regularizer | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.units = _validation.check_positive_int("units", units)
         self.use_bias = bool(use_bias)
@@ -122,12 +128,12 @@ class SelfAttention(keras.layers.Layer):
 
     def call(
         self,
-        inputs,
-        mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
+        inputs: Tensor,
+        mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
     ):
         _validation.check_rank("inputs", inputs.shape, 3)
         # Checked here so that errors name `mask`, not the `query_mask` and

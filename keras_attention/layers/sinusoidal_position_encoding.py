@@ -4,12 +4,15 @@ Shape legend: `B` batch, `T` sequence length, `D` model width.
 """
 
 import numbers
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 
 
@@ -67,13 +70,13 @@ class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5.
     """
 
-    def __init__(self, max_wavelength=10000, **kwargs):
+    def __init__(self, max_wavelength: int = 10000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
         self.supports_masking = True
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(self, inputs: Tensor, start_index: IntOrTensor = 0, positions: Tensor | None = None):
         check_table_inputs(inputs.shape, start_index, positions)
         positions = standardize_positions(inputs, start_index, positions, -2)
         table = sinusoidal_table(

@@ -4,12 +4,16 @@ Shape legend: `B` batch, `T` query length, `S` key/value length, `Dq`, `Dk`,
 `Dv` feature sizes of query, key and value.
 """
 
+from typing import Any
+
 import keras
 
 from keras_attention import _validation
 from keras_attention import masking
 from keras_attention import kernels
 from keras_attention import scoring
+from keras_attention._typing import Scorer
+from keras_attention._typing import Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -76,7 +80,13 @@ class SoftAttention(keras.layers.Layer):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    def __init__(self, score="scaled_dot", dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self,
+        score: Scorer = "scaled_dot",
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.dropout = _validation.check_rate("dropout", dropout)
         self.seed = _validation.check_seed("seed", seed)
@@ -94,16 +104,16 @@ class SoftAttention(keras.layers.Layer):
 
     def call(
         self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
+        query: Tensor,
+        value: Tensor,
+        key: Tensor | None = None,
+        query_mask: Tensor | None = None,
+        value_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
     ):
         _validation.check_attention_shapes(
             query.shape, value.shape, None if key is None else key.shape

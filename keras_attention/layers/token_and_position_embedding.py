@@ -4,10 +4,15 @@ Shape legend: `B` batch, `T` sequence length, `V` vocabulary size, `D`
 embedding width.
 """
 
+from typing import Any
+
 import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Initializer
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._transformer_block import copy_initializer
 from keras_attention.layers.position_embedding import PositionEmbedding
@@ -103,17 +108,17 @@ class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
 
     def __init__(
         self,
-        vocabulary_size,
-        sequence_length,
-        embedding_dim,
-        mask_zero=False,
-        tie_weights=True,
-        embeddings_initializer="uniform",
-        position="learned",
-        max_wavelength=10000,
-        position_initializer=None,
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        sequence_length: int,
+        embedding_dim: int,
+        mask_zero: bool = False,
+        tie_weights: bool = True,
+        embeddings_initializer: Initializer = "uniform",
+        position: str | None = "learned",
+        max_wavelength: int = 10000,
+        position_initializer: Initializer | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size = _validation.check_positive_int(
             "vocabulary_size", vocabulary_size
@@ -185,7 +190,13 @@ class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None, reverse=False):
+    def call(
+        self,
+        inputs: Tensor,
+        start_index: IntOrTensor = 0,
+        positions: Tensor | None = None,
+        reverse: bool = False,
+    ):
         if reverse:
             _check_hidden(inputs.shape, self.embedding_dim)
             return self.token_embedding(inputs, reverse=True)  # (B, T, V)

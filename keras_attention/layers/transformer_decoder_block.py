@@ -10,6 +10,8 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention import kv_cache
+from keras_attention._typing import IntOrTensor
+from keras_attention._typing import Tensor
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import combined_padding_mask
@@ -143,19 +145,19 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def call(
         self,
-        decoder_sequence,
-        encoder_sequence=None,
-        decoder_padding_mask=None,
-        decoder_attention_mask=None,
-        encoder_padding_mask=None,
-        encoder_attention_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        cross_attention_cache=None,
-        cross_attention_cache_update_index=None,
-        use_causal_mask=True,
-        training=None,
-        return_attention_scores=False,
+        decoder_sequence: Tensor,
+        encoder_sequence: Tensor | None = None,
+        decoder_padding_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        encoder_padding_mask: Tensor | None = None,
+        encoder_attention_mask: Tensor | None = None,
+        self_attention_cache: Tensor | None = None,
+        self_attention_cache_update_index: IntOrTensor | None = None,
+        cross_attention_cache: Tensor | None = None,
+        cross_attention_cache_update_index: IntOrTensor | None = None,
+        use_causal_mask: bool = True,
+        training: bool | None = None,
+        return_attention_scores: bool = False,
     ):
         self._check_call(
             decoder_sequence,

@@ -6,6 +6,7 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 import keras
 
 from keras_attention import masking
+from keras_attention._typing import Tensor
 from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
@@ -74,12 +75,12 @@ class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
 
     def call(
         self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        output_positions=None,
+        inputs: Tensor,
+        padding_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        training: bool | None = None,
+        return_attention_scores: bool = False,
+        output_positions: Tensor | None = None,
     ):
         self._check_inputs("inputs", inputs.shape)
         padding_mask = combined_padding_mask(inputs, padding_mask)

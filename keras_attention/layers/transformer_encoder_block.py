@@ -7,6 +7,7 @@ heads.
 import keras
 
 from keras_attention import masking
+from keras_attention._typing import Tensor
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
@@ -128,12 +129,12 @@ class TransformerEncoderBlock(ChecksOutputPositions, TransformerBlock):
 
     def call(
         self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        output_positions=None,
+        inputs: Tensor,
+        padding_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        training: bool | None = None,
+        return_attention_scores: bool = False,
+        output_positions: Tensor | None = None,
     ):
         self._check_inputs("inputs", inputs.shape)
         padding_mask = combined_padding_mask(inputs, padding_mask)

@@ -9,8 +9,10 @@ the default loss, shared by `GPT`, `BertMaskedLM` and `Seq2SeqTransformer`.
   part of the model's config or weights: it is saved with KerasHub's
   `preprocessor.save_to_preset(folder)`.
 - `from_preset(preset)`: a KerasHub preset (a name that KerasHub downloads,
-  or a local folder written by `save_to_preset`), loaded as KerasHub's task
-  and taken over by the model's `from_keras_hub`, preprocessor included.
+  or a local folder written by KerasHub's `save_to_preset`), loaded as
+  KerasHub's task and taken over by the model's `from_keras_hub`,
+  preprocessor included; or a folder written by the model's own
+  `save_to_preset` (`model.keras` and the preprocessor's preset files).
 - `compile(loss="auto")`: the from-logits cross-entropy when no loss is
   given, as KerasHub's tasks compile; `loss=None` is refused (the models add
   no loss of their own: training would report 0 and change nothing).
@@ -21,6 +23,7 @@ imported when first needed, with an error that says how to install it.
 Shape legend: `B` batch, `P` prompt length, `T` length.
 """
 
+import json
 import os
 from typing import Any
 
@@ -38,6 +41,42 @@ def import_keras_hub(feature: str) -> Any:
             "`pip install keras-hub tensorflow`"
         ) from error
     return keras_hub
+
+
+# The files of a folder that `TextModel.save_to_preset` writes: the model
+# (a `.keras` file), and the preprocessor as KerasHub saves one.
+MODEL_FILE = "model.keras"
+PREPROCESSOR_FILE = "preprocessor.json"
+
+
+def load_preprocessor(folder: str | os.PathLike, overrides: dict | None = None) -> Any:
+    """The preprocessor saved into `folder` with `save_to_preset` (a KerasHub
+    preprocessor or a `TranslationPreprocessor`): its `preprocessor.json`
+    deserialized (with `overrides` of its config), then its tokenizers'
+    vocabularies read from the folder's assets, as KerasHub's loader does."""
+    path = os.path.join(os.fspath(folder), PREPROCESSOR_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"`preset` must be a folder that holds {PREPROCESSOR_FILE} (written by a "
+            f"preprocessor's `save_to_preset`). Received: preset={os.fspath(folder)!r}"
+        )
+    import_keras_hub("Loading a preprocessor")  # registers KerasHub's classes
+    # Registers this package's preprocessor for deserialization.
+    from keras_attention.models import translation_preprocessor  # noqa: F401
+
+    with open(path, encoding="utf-8") as file:
+        config = json.load(file)
+    config["config"] = {**config["config"], **(overrides or {})}
+    preprocessor = keras.saving.deserialize_keras_object(config)
+    preprocessor.load_preset_assets(os.fspath(folder))
+    return preprocessor
+
+
+def special_token_id(preprocessor: Any, name: str) -> Any:
+    """The preprocessor's own `name` (e.g. `"end_token_id"`) where it has one,
+    as `TranslationPreprocessor`, else its tokenizer's, as KerasHub's."""
+    value = getattr(preprocessor, name, None)
+    return getattr(preprocessor.tokenizer, name) if value is None else value
 
 
 def is_text(value: Any) -> bool:
@@ -135,13 +174,18 @@ class TextModel:
         Loads the preset as KerasHub's task (`keras_hub.models.<task>
         .from_preset`: the task's weights where the preset holds them, its
         backbone's otherwise), then takes it over with `from_keras_hub`.
+        A folder written by this model's own `save_to_preset` (it holds
+        `model.keras`) loads that model, in safe mode, and its
+        preprocessor.
 
         Args:
             preset: a KerasHub preset name (downloaded by KerasHub) or the
-                path of a local preset folder (`save_to_preset`).
-            load_weights: bool; False keeps KerasHub's random initialization.
+                path of a local preset folder (KerasHub's `save_to_preset`,
+                or the model's).
+            load_weights: bool; False keeps KerasHub's random initialization
+                (KerasHub presets only).
             **kwargs: other constructor arguments of this model (e.g.
-                `dtype`).
+                `dtype`; KerasHub presets only).
 
         Returns:
             A built model with the preset's weights and `preprocessor`.
@@ -151,6 +195,8 @@ class TextModel:
                 "`preset` must be a KerasHub preset name or the path of a preset folder. "
                 f"Received: preset={preset!r:.80} (of type {type(preset).__name__})"
             )
+        if os.path.isfile(os.path.join(os.fspath(preset), MODEL_FILE)):
+            return cls._from_saved_preset(preset, kwargs)
         keras_hub = import_keras_hub(f"{cls.__name__}.from_preset")
         task = getattr(keras_hub.models, cls.keras_hub_task).from_preset(
             str(preset), load_weights=load_weights
@@ -158,6 +204,42 @@ class TextModel:
         model = cls.from_keras_hub(task, **kwargs)
         model.preprocessor = task.preprocessor
         return model
+
+    @classmethod
+    def _from_saved_preset(cls, preset, kwargs):
+        """The model and preprocessor that `save_to_preset` wrote to `preset`."""
+        if kwargs:
+            raise ValueError(
+                f"A folder written by {cls.__name__}.save_to_preset loads as saved: "
+                f"constructor arguments apply to KerasHub presets only. Received: "
+                f"{sorted(kwargs)}"
+            )
+        model = keras.saving.load_model(
+            os.path.join(os.fspath(preset), MODEL_FILE), compile=False
+        )
+        if not isinstance(model, cls):
+            raise ValueError(
+                f"`preset` holds a {type(model).__name__}, not a {cls.__name__}. "
+                f"Received: preset={os.fspath(preset)!r}"
+            )
+        if os.path.isfile(os.path.join(os.fspath(preset), PREPROCESSOR_FILE)):
+            model.preprocessor = load_preprocessor(preset)
+        return model
+
+    def save_to_preset(self, preset_dir: str | os.PathLike) -> None:
+        """Saves the model and its preprocessor into the folder `preset_dir`,
+        for `from_preset`: the model as `model.keras` (its weights and
+        config; it loads in safe mode), the preprocessor (if any) as KerasHub
+        saves one (`preprocessor.json`, its tokenizers' configurations and
+        vocabularies under `assets/`).
+
+        Args:
+            preset_dir: the folder (made if missing).
+        """
+        os.makedirs(preset_dir, exist_ok=True)
+        self.save(os.path.join(os.fspath(preset_dir), MODEL_FILE))
+        if self.preprocessor is not None:
+            self.preprocessor.save_to_preset(os.fspath(preset_dir))
 
     def compile(self, optimizer: Any = "rmsprop", loss: Any = "auto", **kwargs: Any) -> None:
         """`keras.Model.compile`, with `loss="auto"` by default: the sparse
@@ -359,16 +441,15 @@ def translate_text(model, texts, max_length=None, **kwargs):
     start = _numpy(packed["decoder_token_ids"])[0]
     start = start[_numpy(packed["decoder_padding_mask"])[0].astype(bool)].astype("int32")
     new = new_token_count(None, max_length, len(start))
-    tokenizer = preprocessor.tokenizer
+    end = kwargs.pop("end_token_id", special_token_id(preprocessor, "end_token_id"))
     output = model.generate(
         source[:, :width],
         new,
         start_token_id=int(start[0]) if len(start) == 1 else start.tolist(),
-        end_token_id=kwargs.pop("end_token_id", tokenizer.end_token_id),
+        end_token_id=end,
         encoder_padding_mask=source_mask[:, :width],
         **kwargs,
     )  # (B, len(start) + new)
-    end = tokenizer.end_token_id
     positions = np.arange(output.shape[1])[None, :]
     ends = (output == end) & (positions >= len(start))
     first_end = np.where(ends.any(axis=1), ends.argmax(axis=1), output.shape[1])

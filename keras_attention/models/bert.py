@@ -4,10 +4,13 @@ Shape legend: `B` batch, `T` length, `M` masked positions per row, `V`
 vocabulary size, `D` width (`hidden_dim`), `k` the tokens kept per mask.
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._typing import Tensor
 from keras_attention.layers._transformer_block import rows_at
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.models import _text
@@ -96,19 +99,19 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
 
     def __init__(
         self,
-        vocabulary_size,
-        num_layers,
-        num_heads,
-        hidden_dim,
-        intermediate_dim,
-        dropout=0.1,
-        max_sequence_length=512,
-        num_segments=2,
-        layer_norm_epsilon=1e-12,
-        initializer_range=0.02,
-        seed=None,
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        intermediate_dim: int,
+        dropout: float = 0.1,
+        max_sequence_length: int = 512,
+        num_segments: int = 2,
+        layer_norm_epsilon: float = 1e-12,
+        initializer_range: float = 0.02,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         dtype = self.dtype_policy
         # The encoder validates the arguments; they are its attributes too.
@@ -152,7 +155,7 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
         self.encoder.check_positions("mask_positions", inputs["mask_positions"], inputs)
         return super().__call__(inputs, *args, **kwargs)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: dict[str, Tensor], training: bool | None = None):
         # Only the mask positions' rows of the last block: its queries, output
         # projection and feed-forward network run on M rows instead of T.
         x = self.encoder(
@@ -172,7 +175,14 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
         logits = self.token_embedding(x, reverse=True)  # (B, M, V)
         return logits + ops.cast(self.mlm_output_bias, logits.dtype)
 
-    def fill_mask(self, token_ids, mask_token_id=None, top_k=5, segment_ids=None, padding_mask=None):
+    def fill_mask(
+        self,
+        token_ids: Tensor | str | list[str],
+        mask_token_id: int | None = None,
+        top_k: int = 5,
+        segment_ids: Tensor | None = None,
+        padding_mask: Tensor | None = None,
+    ):
         """The `top_k` most likely tokens, with their probabilities, at every
         `mask_token_id` of each row.
 
@@ -257,7 +267,7 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
         return results
 
     @classmethod
-    def from_keras_hub(cls, model, **kwargs):
+    def from_keras_hub(cls, model: Any, **kwargs: Any) -> "BertMaskedLM":
         """A `BertMaskedLM` holding a KerasHub BERT's weights.
 
         Args:

@@ -3,10 +3,14 @@
 Shape legend: `B` batch, `T` length, `D` width, `C` classes.
 """
 
+from typing import Any
+
 import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Activation
+from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
 from keras_attention.models.bert_encoder import BertEncoder
 
@@ -55,7 +59,15 @@ class BertClassifier(keras.Model):
         - [Devlin et al., 2019](https://arxiv.org/abs/1810.04805), section 4.
     """
 
-    def __init__(self, encoder, num_classes, activation=None, dropout=0.1, seed=None, **kwargs):
+    def __init__(
+        self,
+        encoder: keras.Model,
+        num_classes: int,
+        activation: Activation | None = None,
+        dropout: float = 0.1,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if isinstance(encoder, dict):
             encoder = keras.saving.deserialize_keras_object(encoder)
@@ -112,7 +124,7 @@ class BertClassifier(keras.Model):
         self.encoder.check_inputs(inputs)
         return super().__call__(inputs, *args, **kwargs)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: dict[str, Tensor], training: bool | None = None):
         # The last block at the first position only: the pooled output reads
         # no other row of it.
         first = ops.zeros_like(inputs["token_ids"][:, :1], dtype="int32")  # (B, 1)

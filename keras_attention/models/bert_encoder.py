@@ -4,11 +4,14 @@ Shape legend: `B` batch, `T` length, `D` width (`hidden_dim`), `V`
 vocabulary size, `N` blocks.
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
@@ -85,19 +88,19 @@ class BertEncoder(keras.layers.Layer):
 
     def __init__(
         self,
-        vocabulary_size,
-        num_layers,
-        num_heads,
-        hidden_dim,
-        intermediate_dim,
-        dropout=0.1,
-        max_sequence_length=512,
-        num_segments=2,
-        layer_norm_epsilon=1e-12,
-        initializer_range=0.02,
-        seed=None,
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        intermediate_dim: int,
+        dropout: float = 0.1,
+        max_sequence_length: int = 512,
+        num_segments: int = 2,
+        layer_norm_epsilon: float = 1e-12,
+        initializer_range: float = 0.02,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check = _validation.check_positive_int
         self.vocabulary_size = check("vocabulary_size", vocabulary_size)
@@ -188,7 +191,12 @@ class BertEncoder(keras.layers.Layer):
             length = (ids.shape if hasattr(ids, "shape") else np.shape(ids))[-1]
             _validation.check_positions(name, np.asarray(positions), length, "token_ids")
 
-    def call(self, inputs, training=None, output_positions=None):
+    def call(
+        self,
+        inputs: dict[str, Tensor],
+        training: bool | None = None,
+        output_positions: Tensor | None = None,
+    ):
         token_ids = inputs["token_ids"]
         segment_ids = inputs.get("segment_ids")
         if segment_ids is None:
@@ -260,7 +268,7 @@ class BertEncoder(keras.layers.Layer):
             )
 
     @classmethod
-    def from_keras_hub(cls, backbone, **kwargs):
+    def from_keras_hub(cls, backbone: Any, **kwargs: Any) -> "BertEncoder":
         """A built `BertEncoder` holding a `keras_hub.models.BertBackbone`'s
         weights (nothing is downloaded: pass a backbone built or loaded
         locally); `kwargs` are other constructor arguments (e.g. `dtype`)."""

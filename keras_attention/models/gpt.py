@@ -5,11 +5,15 @@ size, `D` width (`hidden_dim`), `N` layers, `L` cache length, `G` key/value
 heads, `K` head size.
 """
 
+from typing import Any
+
 import keras
 
 from keras_attention import _validation
 from keras_attention import kv_cache
 from keras_attention import masking
+from keras_attention._typing import Activation
+from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
@@ -132,26 +136,26 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
 
     def __init__(
         self,
-        vocabulary_size,
-        max_sequence_length,
-        num_layers,
-        num_heads,
-        hidden_dim,
-        intermediate_dim,
-        dropout=0.0,
-        activation="gelu_approximate",
-        layer_norm_epsilon=1e-5,
-        num_key_value_heads=None,
-        use_bias=True,
-        normalization="layer_norm",
-        positions="learned",
-        rotary_max_wavelength=10000,
-        gated_feedforward=False,
-        tie_weights=True,
-        initializer_range=0.02,
-        seed=None,
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        max_sequence_length: int,
+        num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        intermediate_dim: int,
+        dropout: float = 0.0,
+        activation: Activation = "gelu_approximate",
+        layer_norm_epsilon: float = 1e-5,
+        num_key_value_heads: int | None = None,
+        use_bias: bool = True,
+        normalization: str = "layer_norm",
+        positions: str = "learned",
+        rotary_max_wavelength: int = 10000,
+        gated_feedforward: bool = False,
+        tie_weights: bool = True,
+        initializer_range: float = 0.02,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check = _validation.check_positive_int
         self.vocabulary_size = check("vocabulary_size", vocabulary_size)
@@ -245,7 +249,12 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             self._check_ids("token_ids", ids)
         return super().__call__(token_ids, *args, **kwargs)
 
-    def call(self, token_ids, padding_mask=None, training=None):
+    def call(
+        self,
+        token_ids: Tensor | dict[str, Tensor],
+        padding_mask: Tensor | None = None,
+        training: bool | None = None,
+    ):
         if isinstance(token_ids, dict):  # as `fit` hands it to a stateless call
             token_ids, padding_mask = token_ids["token_ids"], token_ids.get("padding_mask")
         x = self.embedding(token_ids)  # (B, T, D)
@@ -305,21 +314,21 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
 
     def generate(
         self,
-        prompt_ids,
-        max_new_tokens=None,
-        sampling="greedy",
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        seed=None,
-        stop_token_ids=None,
-        prompt_padding_mask=None,
-        pad_token_id=0,
-        max_length=None,
-        num_beams=4,
-        length_penalty=1.0,
-        num_return_sequences=1,
-        return_scores=False,
+        prompt_ids: Tensor | str | list[str],
+        max_new_tokens: int | None = None,
+        sampling: str = "greedy",
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_token_ids: list[int] | None = None,
+        prompt_padding_mask: Tensor | None = None,
+        pad_token_id: int = 0,
+        max_length: int | None = None,
+        num_beams: int = 4,
+        length_penalty: float = 1.0,
+        num_return_sequences: int = 1,
+        return_scores: bool = False,
     ):
         """Continues prompts token by token with the KV cache.
 
@@ -443,7 +452,9 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         )
 
     @classmethod
-    def from_keras_hub(cls, backbone, max_sequence_length=None, **kwargs):
+    def from_keras_hub(
+        cls, backbone: Any, max_sequence_length: int | None = None, **kwargs: Any
+    ) -> "GPT":
         """A `GPT` holding the weights of a KerasHub GPT-2 or LLaMA backbone.
 
         Nothing is downloaded: pass a backbone built or loaded locally. The

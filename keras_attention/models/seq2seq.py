@@ -6,12 +6,15 @@ length, `G` key/value heads, `K` head size, `E` beams.
 """
 
 import math
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Activation
+from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
@@ -125,27 +128,27 @@ class Seq2SeqTransformer(
 
     def __init__(
         self,
-        source_vocabulary_size,
-        target_vocabulary_size,
-        max_source_length,
-        max_target_length,
-        num_encoder_layers=6,
-        num_decoder_layers=6,
-        num_heads=8,
-        hidden_dim=512,
-        intermediate_dim=2048,
-        dropout=0.1,
-        activation="relu",
-        normalize_first=False,
-        positions="sinusoidal",
-        share_embeddings=False,
-        embedding_layer_norm=False,
-        pad_token_id=0,
-        scale_embeddings=True,
-        layer_norm_epsilon=1e-5,
-        seed=None,
-        **kwargs,
-    ):
+        source_vocabulary_size: int,
+        target_vocabulary_size: int,
+        max_source_length: int,
+        max_target_length: int,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        num_heads: int = 8,
+        hidden_dim: int = 512,
+        intermediate_dim: int = 2048,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        normalize_first: bool = False,
+        positions: str = "sinusoidal",
+        share_embeddings: bool = False,
+        embedding_layer_norm: bool = False,
+        pad_token_id: int = 0,
+        scale_embeddings: bool = True,
+        layer_norm_epsilon: float = 1e-5,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check = _validation.check_positive_int
         self.source_vocabulary_size = check("source_vocabulary_size", source_vocabulary_size)
@@ -292,7 +295,7 @@ class Seq2SeqTransformer(
         x = self.encoder(x, padding_mask=encoder_padding_mask, training=training)
         return x, encoder_padding_mask
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: dict[str, Tensor], training: bool | None = None):
         source = inputs["encoder_token_ids"]
         target = inputs["decoder_token_ids"]
         encoded, source_mask = self.encode(
@@ -336,20 +339,20 @@ class Seq2SeqTransformer(
 
     def generate(
         self,
-        encoder_token_ids,
-        max_new_tokens,
-        start_token_id,
-        end_token_id=None,
-        sampling="greedy",
-        num_beams=4,
-        length_penalty=1.0,
-        num_return_sequences=1,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        seed=None,
-        encoder_padding_mask=None,
-        return_scores=False,
+        encoder_token_ids: Tensor,
+        max_new_tokens: int,
+        start_token_id: int | list[int],
+        end_token_id: int | None = None,
+        sampling: str = "greedy",
+        num_beams: int = 4,
+        length_penalty: float = 1.0,
+        num_return_sequences: int = 1,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        encoder_padding_mask: Tensor | None = None,
+        return_scores: bool = False,
     ):
         """Translates: target tokens for each source, with the KV caches.
 
@@ -422,7 +425,7 @@ class Seq2SeqTransformer(
         )
 
     @classmethod
-    def from_keras_hub(cls, backbone, **kwargs):
+    def from_keras_hub(cls, backbone: Any, **kwargs: Any) -> "Seq2SeqTransformer":
         """A `Seq2SeqTransformer` holding a `keras_hub.models.BartBackbone`'s weights.
 
         BART is this model with learned positions, an embedding layer norm,

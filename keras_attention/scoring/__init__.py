@@ -72,7 +72,7 @@ def get(identifier: str | dict | Scorer, **kwargs: Any) -> Scorer:
     )
 
 
-def serialize(scorer):
+def serialize(scorer: Scorer) -> dict:
     """The config of a scorer for a parent layer's `get_config`.
 
     Like `keras.saving.serialize_keras_object`, without the build config:

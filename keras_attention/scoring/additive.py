@@ -1,9 +1,14 @@
 """Additive scoring: `s(q, k) = v . tanh(q W_q + k W_k + b)` (Bahdanau et al.)."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Initializer
+from keras_attention._typing import Regularizer
+from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import Scorer
 
 
@@ -50,12 +55,12 @@ class Additive(Scorer):
 
     def __init__(
         self,
-        units=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        **kwargs,
-    ):
+        units: int | None = None,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        kernel_regularizer: Regularizer | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.units = _validation.check_positive_int("units", units, allow_none=True)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -87,7 +92,7 @@ class Additive(Scorer):
             name="score_vector", shape=(units,), **kernel_args
         )
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor):
         q = ops.matmul(query, self.query_kernel)  # (..., T, U)
         k = ops.matmul(key, self.key_kernel)  # (..., S, U)
         hidden = ops.tanh(q[..., :, None, :] + k[..., None, :, :] + self.bias)

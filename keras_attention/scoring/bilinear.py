@@ -1,8 +1,13 @@
 """Bilinear scoring: `s(q, k) = q W k^T` (Luong et al., "general")."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
+from keras_attention._typing import Initializer
+from keras_attention._typing import Regularizer
+from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import Scorer
 
 
@@ -40,8 +45,11 @@ class Bilinear(Scorer):
     """
 
     def __init__(
-        self, kernel_initializer="glorot_uniform", kernel_regularizer=None, **kwargs
-    ):
+        self,
+        kernel_initializer: Initializer = "glorot_uniform",
+        kernel_regularizer: Regularizer | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -55,7 +63,7 @@ class Bilinear(Scorer):
             regularizer=self.kernel_regularizer,
         )
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor):
         projected = ops.matmul(query, self.kernel)  # (..., T, Dk)
         return ops.matmul(projected, ops.swapaxes(key, -1, -2))  # (..., T, S)
 

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import FeatureWiseScorer
 
 
@@ -52,7 +53,7 @@ class Concat(FeatureWiseScorer):
             name="concat_score_weight", shape=(), initializer="ones"
         )
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor):
         hidden = ops.tanh(self.scaled(self.pairwise_sum(query, key)))  # (..., T, S, D)
         scores = ops.sum(hidden, axis=-1)  # (..., T, S)
         return scores * ops.cast(self.concat_score_weight, scores.dtype)

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import FeatureWiseScorer
 
 
@@ -39,7 +40,7 @@ class DotProduct(FeatureWiseScorer):
         - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
     """
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor):
         return self.scaled(ops.matmul(query, ops.swapaxes(key, -1, -2)))  # (..., T, S)
 
     def dot_product_scale(self, key_dim):

@@ -2,11 +2,13 @@
 
 import math
 import numbers
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import Scorer
 
 
@@ -40,7 +42,7 @@ class ScaledDotProduct(Scorer):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    def __init__(self, scale=None, **kwargs):
+    def __init__(self, scale: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if scale is not None and (
             isinstance(scale, bool)
@@ -59,7 +61,7 @@ class ScaledDotProduct(Scorer):
             "query", query_shape[-1], "key", key_shape[-1], "feature size"
         )
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor):
         scale = self.dot_product_scale(key.shape[-1])
         # Scaling the query costs T * D multiplications instead of T * S.
         query = query * ops.cast(scale, query.dtype)

@@ -1,5 +1,7 @@
 """The base class of scoring functions."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -20,7 +22,7 @@ class Scorer(keras.layers.Layer):
     use a fused kernel.
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.supports_masking = True
 
@@ -80,7 +82,7 @@ class FeatureWiseScorer(Scorer):
 
     scale_initializer = "ones"
 
-    def __init__(self, use_scale=False, **kwargs):
+    def __init__(self, use_scale: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.use_scale = _validation.check_bool("use_scale", use_scale)
 

@@ -1,8 +1,11 @@
 """Additive scoring without projections: `s(q, k) = sum_d v_d tanh(q_d + k_d)`."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
+from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import FeatureWiseScorer
 
 
@@ -46,12 +49,12 @@ class UnprojectedAdditive(FeatureWiseScorer):
 
     scale_initializer = "glorot_uniform"
 
-    def __init__(self, use_scale=True, **kwargs):
+    def __init__(self, use_scale: bool = True, **kwargs: Any) -> None:
         super().__init__(use_scale=use_scale, **kwargs)
 
     def scale_shape(self, dim):
         return (dim,)
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor):
         hidden = ops.tanh(self.pairwise_sum(query, key))  # (..., T, S, D)
         return ops.sum(self.scaled(hidden), axis=-1)  # (..., T, S)
