@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention.scoring.scorer import Scorer
 
@@ -98,14 +99,8 @@ class Additive(Scorer):
         config.update(
             {
                 "units": self.units,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
+                **_keras_objects.serialize(
+                    self, ("kernel_initializer", "bias_initializer", "kernel_regularizer")
                 ),
             }
         )
