@@ -136,6 +136,55 @@ def _symbolic_inputs(inputs):
     }
 
 
+def randomize_weights(model, seed=0, embedding_scale=1.0):
+    """Gives every weight of a decoder model (ours or KerasHub's) a random
+    value, biases and norms included, and returns the model.
+
+    Kernels are `N(0, 9 / fan_in)` (output projections `(H, K, D)` read
+    `H * K`, the others axis 0), the embeddings `N(0, embedding_scale**2)`,
+    biases and norm offsets `N(0, 0.01)`, norm scales `N(1, 0.04)`: large
+    enough that the greedy continuations of a random model do not collapse
+    onto one token. `embedding_scale=0.5` keeps float32 logits (about 1 in
+    size) exact to 1e-5.
+    """
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        shape, path = tuple(variable.shape), variable.path
+        name = path.split("/")[-1]
+        if name in ("gamma", "scale"):
+            value = 1 + 0.2 * rng.normal(size=shape)
+        elif name in ("beta", "bias"):
+            value = 0.1 * rng.normal(size=shape)
+        elif name == "embeddings":
+            value = embedding_scale * rng.normal(size=shape)
+        else:
+            fan_in = np.prod(shape[:-1]) if "output" in path else shape[0]
+            value = 3 * rng.normal(size=shape) / np.sqrt(fan_in)
+        variable.assign(value.astype("float32"))
+    return model
+
+
+def padded_logits(model, ids, rows, length):
+    """`model(ids)` as float64 numpy, run at one shape `(rows, length)`:
+    the ids padded with zeros and the logits cut back (later positions
+    change nothing before them: causality)."""
+    batch, ids_length = ids.shape
+    padded = np.zeros((max(rows, batch), length), "int32")
+    padded[:batch, :ids_length] = ids
+    return to_numpy(model(padded))[:batch, :ids_length].astype("float64")
+
+
+def greedy_reference(model, prompt, max_new_tokens, rows, length):
+    """Greedy decoding that reruns the whole sequence for every new token
+    (each pass `padded_logits(model, ids, rows, length)`)."""
+    ids = np.array(prompt, "int32")
+    for _ in range(max_new_tokens):
+        logits = padded_logits(model, ids, rows, length)  # (B, T, V)
+        next_ids = logits[:, -1].argmax(-1).astype("int32")  # (B,)
+        ids = np.concatenate([ids, next_ids[:, None]], axis=1)
+    return ids
+
+
 def check_config_round_trip(layer):
     config = layer.get_config()
     clone = layer.__class__.from_config(config)

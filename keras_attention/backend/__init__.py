@@ -4,7 +4,8 @@ Every other module of `keras_attention` is written in `keras.ops`; where a
 backend has a faster or safer way to do something, the portable code asks
 this package, which forwards to the module of the running backend
 (`tensorflow.py`, `jax.py`, `torch.py`; `common.py` holds the portable
-defaults they share and serves any other backend). What each backend prefers
+defaults: a backend module defines only the primitives it does otherwise,
+and `common` serves the rest, and any other backend). What each backend prefers
 is declared as data, `Preferences` in `common.py`, so that the kernel choice
 (`keras_attention.kernels.choice`) reads as a table.
 
@@ -35,6 +36,12 @@ def current():
     return _MODULES[name]
 
 
+def _primitive(name):
+    """The running backend's primitive `name`, or the portable default in
+    `common` where the backend module has none of its own."""
+    return getattr(current(), name, None) or getattr(common, name)
+
+
 def preferences():
     """The running backend's `Preferences` (kernel and projection choices)."""
     return current().PREFERENCES
@@ -42,7 +49,7 @@ def preferences():
 
 def linear(x, kernel, bias):
     """`x @ kernel + bias`, `(..., D) x (D, N) -> (..., N)`, in `x`'s dtype."""
-    return current().linear(x, kernel, bias)
+    return _primitive("linear")(x, kernel, bias)
 
 
 def dense(x, kernel, bias, inputs=1, dtype=None):
@@ -50,7 +57,7 @@ def dense(x, kernel, bias, inputs=1, dtype=None):
     `inputs` axes, plus `bias` `(*O)` or None: `(..., *O)` in `dtype` (by
     default `x`'s). An attention projection's `EinsumDense` as one GEMM with
     the bias inside where the backend has one (torch's `linear`)."""
-    return current().dense(x, kernel, bias, inputs, dtype)
+    return _primitive("dense")(x, kernel, bias, inputs, dtype)
 
 
 def layer_norm(x, gamma, beta, epsilon):
@@ -58,31 +65,31 @@ def layer_norm(x, gamma, beta, epsilon):
     `(D,)`, computed in float32 at least and returned in that dtype; or
     None where the backend's own Keras computation is the faster one (the
     caller then runs Keras's)."""
-    return current().layer_norm(x, gamma, beta, epsilon)
+    return _primitive("layer_norm")(x, gamma, beta, epsilon)
 
 
 def gelu(x):
     """The exact GELU, `x Phi(x)`, in `x`'s dtype; or None where Keras's
     `ops.gelu` is the faster one, or for a dtype the backend leaves to it
     (the caller then runs it)."""
-    return current().gelu(x)
+    return _primitive("gelu")(x)
 
 
 def unless_nonfinite(output, recompute):
     """`output` if it is all finite, else `recompute()` (same shape, dtype)."""
-    return current().unless_nonfinite(output, recompute)
+    return _primitive("unless_nonfinite")(output, recompute)
 
 
 def when_finite(inputs, attempt, recompute):
     """`attempt()` if every tensor of `inputs` is all finite, else
     `recompute()` (same shape and dtype); only the branch taken is
     differentiated."""
-    return current().when_finite(inputs, attempt, recompute)
+    return _primitive("when_finite")(inputs, attempt, recompute)
 
 
 def kernel_dtype(dtype):
     """The dtype the backend's fused kernel can run `dtype` inputs in."""
-    return current().kernel_dtype(dtype)
+    return _primitive("kernel_dtype")(dtype)
 
 
 def after(values, dependencies):
@@ -90,13 +97,13 @@ def after(values, dependencies):
     computed: the order of two computations that share no data, for a
     backend whose graph would run them at once (and hold both their
     intermediates)."""
-    return current().after(values, dependencies)
+    return _primitive("after")(values, dependencies)
 
 
 def fori_loop(lower, upper, body, init):
     """`ops.fori_loop` whose iterations run one after the other, so that a
     loop over chunks holds one chunk's intermediates at a time."""
-    return current().fori_loop(lower, upper, body, init)
+    return _primitive("fori_loop")(lower, upper, body, init)
 
 
 def compiled_loop(function):
@@ -104,7 +111,7 @@ def compiled_loop(function):
     compiled program where the backend's graph would copy a loop state at
     every `slice_update`: XLA on TensorFlow; unchanged elsewhere (JAX
     compiles everything, torch updates in place)."""
-    return current().compiled_loop(function)
+    return _primitive("compiled_loop")(function)
 
 
 def custom_vjp(forward, backward):
@@ -122,21 +129,21 @@ def custom_vjp(forward, backward):
     Returns:
         `function(*args) -> output`.
     """
-    return current().custom_vjp(forward, backward)
+    return _primitive("custom_vjp")(forward, backward)
 
 
 def all_finite(*tensors):
     """True if no tensor holds NaN or inf, False if one does, None where the
     backend cannot tell without tracing a branch (the caller keeps its
     guards). Torch answers eagerly, from one reduction."""
-    return current().all_finite(*tensors)
+    return _primitive("all_finite")(*tensors)
 
 
 def dropout(x, rate, seed):
     """`keras.random.dropout(x, rate, seed=seed)`, or the backend's faster
     draw of the same distribution (torch). A `SeedGenerator` seed advances
     once per call on every backend, so seeded runs repeat and resume."""
-    return current().dropout(x, rate, seed)
+    return _primitive("dropout")(x, rate, seed)
 
 
 def dropout_attention(q, k, v, mask, scale, rate, seed):
@@ -155,19 +162,19 @@ def dropout_attention(q, k, v, mask, scale, rate, seed):
         (fully masked rows 0; NaN or inf in a key or value only for the
         queries that may see it).
     """
-    return current().dropout_attention(q, k, v, mask, scale, rate, seed)
+    return _primitive("dropout_attention")(q, k, v, mask, scale, rate, seed)
 
 
 def argmax(x):
     """The index of the largest value along the last axis, the first one
     on ties, NaN counting as the largest (as numpy's, JAX's and torch's
     argmax; TensorFlow's skips NaN: its own from plain reductions)."""
-    return current().argmax(x)
+    return _primitive("argmax")(x)
 
 
 def stateless_uniform(like, seed, step):
     """`U(0, 1)` noise shaped like `like`, a pure function of `(seed, step)`."""
-    return current().stateless_uniform(like, seed, step)
+    return _primitive("stateless_uniform")(like, seed, step)
 
 
 def compile_decoding(loop, variables):
@@ -179,7 +186,7 @@ def compile_decoding(loop, variables):
         variables: the model's variables, which the loop reads (JAX passes
             their current values to the compiled function at every call).
     """
-    return current().compile_decoding(loop, variables)
+    return _primitive("compile_decoding")(loop, variables)
 
 
 __all__ = [

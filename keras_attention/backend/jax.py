@@ -49,18 +49,6 @@ PREFERENCES = Preferences(
     causal_tiles=True,
 )
 
-fori_loop = common.fori_loop
-after = common.after
-argmax = common.argmax
-compiled_loop = common.compiled_loop
-unless_nonfinite = common.unless_nonfinite
-layer_norm = common.layer_norm
-gelu = common.gelu
-all_finite = common.all_finite
-dropout = common.dropout
-dropout_attention = common.dropout_attention
-when_finite = common.when_finite
-
 
 def linear(x, kernel, bias):
     # As a 2-D product the weight gradient is one matmul of the rows. On

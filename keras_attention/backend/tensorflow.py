@@ -42,15 +42,6 @@ PREFERENCES = Preferences(
     causal_tiles=True,
 )
 
-linear = common.linear
-dense = common.dense
-layer_norm = common.layer_norm
-unless_nonfinite = common.unless_nonfinite
-all_finite = common.all_finite
-dropout = common.dropout
-dropout_attention = common.dropout_attention
-kernel_dtype = common.kernel_dtype
-
 
 def argmax(x):
     """`argmax` over the last axis from plain reductions: the largest
@@ -64,7 +55,6 @@ def argmax(x):
     size = x.shape[-1]
     positions = ops.arange(size, dtype="int32")
     return ops.min(ops.where(hit, positions, size), axis=-1)
-
 
 
 def gelu(x):

@@ -27,12 +27,6 @@ from keras_attention.backend.common import Preferences
 
 PREFERENCES = Preferences(linear_projections=True, dropout_kernel=True, direct_calls=True)
 
-kernel_dtype = common.kernel_dtype
-fori_loop = common.fori_loop
-after = common.after
-argmax = common.argmax
-compiled_loop = common.compiled_loop
-
 
 def linear(x, kernel, bias):
     kernel = ops.cast(kernel, x.dtype)

@@ -12,7 +12,6 @@ NaN or inf in a key or value reaches only the queries that may see it.
 from keras import ops
 
 from keras_attention import backend
-from keras_attention import masking
 from keras_attention.kernels import choice as choices
 from keras_attention.kernels import explicit
 from keras_attention.kernels.blocked import blocked_attention

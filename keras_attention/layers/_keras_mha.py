@@ -13,14 +13,15 @@ import inspect
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import masking
 from keras_attention import scoring
 from keras_attention.layers import _keras_interop
 
 # The arguments that are Keras objects, serialized by their module.
-_INITIALIZERS = ("kernel_initializer", "bias_initializer")
-_REGULARIZERS = ("kernel_regularizer", "bias_regularizer")
-_CONSTRAINTS = ("kernel_constraint", "bias_constraint")
+_WEIGHT_ARGUMENTS = (
+    _keras_objects.INITIALIZERS + _keras_objects.REGULARIZERS + _keras_objects.CONSTRAINTS
+)
 # The arguments stored as given.
 _PLAIN_ARGUMENTS = (
     "num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
@@ -161,12 +162,11 @@ class KerasInterface:
         self, kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, kernel_constraint, bias_constraint,
     ):
-        for name, value in zip(_INITIALIZERS, (kernel_initializer, bias_initializer)):
-            setattr(self, name, keras.initializers.get(value))
-        for name, value in zip(_REGULARIZERS, (kernel_regularizer, bias_regularizer)):
-            setattr(self, name, keras.regularizers.get(value))
-        for name, value in zip(_CONSTRAINTS, (kernel_constraint, bias_constraint)):
-            setattr(self, name, keras.constraints.get(value))
+        values = (
+            kernel_initializer, bias_initializer, kernel_regularizer,
+            bias_regularizer, kernel_constraint, bias_constraint,
+        )
+        _keras_objects.store(self, **dict(zip(_WEIGHT_ARGUMENTS, values)))
 
     def get_config(self):
         config = super().get_config()
@@ -182,12 +182,7 @@ class KerasInterface:
                 ),
             }
         )
-        for names, module in (
-            (_INITIALIZERS, keras.initializers),
-            (_REGULARIZERS, keras.regularizers),
-            (_CONSTRAINTS, keras.constraints),
-        ):
-            config.update({name: module.serialize(getattr(self, name)) for name in names})
+        config.update(_keras_objects.serialize(self, _WEIGHT_ARGUMENTS))
         return config
 
     @classmethod

@@ -15,6 +15,7 @@ than with the einsum), a projection with a plain kernel runs as one
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import backend
 
 
@@ -95,7 +96,7 @@ def einsum_dense(layer, equation, output_shape, bias_axes, name, activation=None
     instances, so that no two kernels start equal), regularizers,
     constraints, bias switch and dtype policy."""
     initializers = {
-        key: getattr(layer, key).__class__.from_config(getattr(layer, key).get_config())
+        key: _keras_objects.copy_initializer(getattr(layer, key))
         for key in ("kernel_initializer", "bias_initializer")
     }
     dense = keras.layers.EinsumDense(

@@ -17,6 +17,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention import activations
 from keras_attention import masking
@@ -78,8 +79,9 @@ class BlockArguments:
                 f"layer_norm_epsilon={layer_norm_epsilon!r}"
             )
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        _keras_objects.store(
+            self, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer
+        )
         self.normalize_first = bool(normalize_first)
         self.key_dim = check("key_dim", key_dim, allow_none=True)
         self.num_key_value_heads = check(
@@ -137,9 +139,8 @@ class BlockArguments:
         """The arguments serialized (a block's or stack's config entries)."""
         config = self._arguments()
         config.update(
+            _keras_objects.serialize(self, ("kernel_initializer", "bias_initializer")),
             activation=activations.serialize(self.activation),
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-            bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )
         return config
 
@@ -152,8 +153,8 @@ class BlockArguments:
         on JAX or torch should not pay for its blocks."""
         arguments = self._arguments()
         arguments.update(
-            kernel_initializer=copy_initializer(self.kernel_initializer),
-            bias_initializer=copy_initializer(self.bias_initializer),
+            kernel_initializer=_keras_objects.copy_initializer(self.kernel_initializer),
+            bias_initializer=_keras_objects.copy_initializer(self.bias_initializer),
         )
         return arguments
 
@@ -182,8 +183,8 @@ class BlockArguments:
     def initializers(self):
         # Fresh instances, so that no two kernels start equal.
         return {
-            "kernel_initializer": copy_initializer(self.kernel_initializer),
-            "bias_initializer": copy_initializer(self.bias_initializer),
+            "kernel_initializer": _keras_objects.copy_initializer(self.kernel_initializer),
+            "bias_initializer": _keras_objects.copy_initializer(self.bias_initializer),
         }
 
     def attention(self, hidden_dim, name, rotary, seed_offset, dtype):
@@ -369,14 +370,6 @@ class TransformerStack(DirectCalls, keras.layers.Layer):
             {"num_layers": self.num_layers, "final_layer_norm": self.final_layer_norm}
         )
         return config
-
-
-def copy_initializer(initializer):
-    """A new initializer of the same class and config (a plain function,
-    which holds no state, as it is)."""
-    if isinstance(initializer, keras.initializers.Initializer):
-        return initializer.__class__.from_config(initializer.get_config())
-    return initializer
 
 
 def combined_padding_mask(

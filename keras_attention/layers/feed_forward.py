@@ -8,6 +8,7 @@ from typing import Any
 
 import keras
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention import activations
 from keras_attention._typing import Activation
@@ -125,12 +126,8 @@ class FeedForward(DirectCalls, keras.layers.Layer):
             units,
             use_bias=self.use_bias,
             # Fresh initializer instances, so that no two kernels start equal.
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
+            kernel_initializer=_keras_objects.copy_initializer(self.kernel_initializer),
+            bias_initializer=_keras_objects.copy_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
             dtype=self.dtype_policy,
@@ -188,19 +185,9 @@ class FeedForward(DirectCalls, keras.layers.Layer):
                 "gated": self.gated,
                 "output_dim": self.output_dim,
                 "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
                 "seed": self.seed,
             }
         )
+        weights = _keras_objects.INITIALIZERS + _keras_objects.REGULARIZERS
+        config.update(_keras_objects.serialize(self, weights))
         return config

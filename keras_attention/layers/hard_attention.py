@@ -17,12 +17,11 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _validation
-from keras_attention import masking
-from keras_attention import kernels
 from keras_attention import ops as attention_ops
 from keras_attention import scoring
 from keras_attention._typing import Scorer
 from keras_attention._typing import Tensor
+from keras_attention.layers._single_head import SingleHeadAttention
 
 SELECTIONS = ("argmax", "sample")
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -30,7 +29,7 @@ ESTIMATORS = ("reinforce", "straight_through", "gumbel")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class HardAttention(keras.layers.Layer):
+class HardAttention(SingleHeadAttention):
     """Hard attention: each query returns the value of one selected position.
 
     For each query `q_t` the layer scores every key, `e_ts = s(q_t, k_s)`,
@@ -203,9 +202,7 @@ class HardAttention(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, query_shape, value_shape, key_shape=None):
-        _validation.check_attention_shapes(query_shape, value_shape, key_shape)
-        key_shape = value_shape if key_shape is None else key_shape
-        self.score.build_or_check(query_shape, key_shape)
+        super().build(query_shape, value_shape, key_shape)
         if isinstance(self.temperature, _Schedule):
             # The step at which the temperature schedule is read; saved with
             # the model so that a resumed training continues the annealing.
@@ -232,35 +229,18 @@ class HardAttention(keras.layers.Layer):
         return_log_prob: bool = False,
         training: bool | None = None,
     ):
-        _validation.check_attention_shapes(
-            query.shape, value.shape, None if key is None else key.shape
-        )
-        key = value if key is None else key
-        # One head: a (B, H, T, S) mask would broadcast its heads against the
-        # batch of the (B, T, S) scores, so it is refused here.
-        attention_mask = masking.standardize_mask(
-            attention_mask, "attention_mask", ranks=(2, 3)
-        )
-        mask = masking.compute_attention_mask(
+        selector = _Selector(self, training=bool(training))
+        output, _ = self._attend(
             query,
             value,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-        )
-        selector = _Selector(self, training=bool(training))
-        output, _ = kernels.attention(
-            query[:, :, None],  # (B, T, 1, Dq): one head of the core's layout
-            key[:, :, None],  # (B, S, 1, Dk)
-            value[:, :, None],  # (B, S, 1, Dv)
-            self.score,
-            mask=mask,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
             normalize=selector,
-            owner=self,
         )
-        output = output[:, :, 0]  # (B, T, Dv)
         outputs = (output,)
         if return_attention_scores:
             outputs += (selector.probabilities, selector.selection)
@@ -275,9 +255,6 @@ class HardAttention(keras.layers.Layer):
             temperature = temperature(self.iterations)
         return ops.cast(temperature, "float32")
 
-    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        return tuple(query_shape[:-1]) + (value_shape[-1],)
-
     def compute_output_spec(
         self,
         query,
@@ -287,19 +264,10 @@ class HardAttention(keras.layers.Layer):
         return_log_prob=False,
         **kwargs,
     ):
-        _validation.check_attention_shapes(query.shape, value.shape, None if key is None else key.shape)
-        outputs = (
-            keras.KerasTensor(
-                self.compute_output_shape(query.shape, value.shape),
-                dtype=self.compute_dtype,
-            ),
+        output, weights = self._output_spec(
+            query, value, key, 2 if return_attention_scores else 0
         )
-        if return_attention_scores:
-            weights_shape = (query.shape[0], query.shape[1], value.shape[1])
-            outputs += (
-                keras.KerasTensor(weights_shape, dtype=self.compute_dtype),
-                keras.KerasTensor(weights_shape, dtype=self.compute_dtype),
-            )
+        outputs = (output, *weights)
         if return_log_prob:
             outputs += (
                 keras.KerasTensor((query.shape[0],), dtype="float32"),

@@ -7,6 +7,7 @@ from typing import Any
 
 import keras
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention import scoring
 from keras_attention import masking
@@ -181,21 +182,11 @@ class SelfAttention(keras.layers.Layer):
                 "score": scoring.serialize(self.score),
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
                 "seed": self.seed,
             }
         )
+        weights = _keras_objects.INITIALIZERS + _keras_objects.REGULARIZERS
+        config.update(_keras_objects.serialize(self, weights))
         return config
 
 

@@ -9,15 +9,14 @@ from typing import Any
 import keras
 
 from keras_attention import _validation
-from keras_attention import masking
-from keras_attention import kernels
 from keras_attention import scoring
 from keras_attention._typing import Scorer
 from keras_attention._typing import Tensor
+from keras_attention.layers._single_head import SingleHeadAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class SoftAttention(keras.layers.Layer):
+class SoftAttention(SingleHeadAttention):
     """Soft attention: `output = softmax(s(Q, K)) V` with any scorer.
 
     For each query `q_t` the layer scores every key, `e_ts = s(q_t, k_s)`,
@@ -96,12 +95,6 @@ class SoftAttention(keras.layers.Layer):
         )
         self.supports_masking = True
 
-    def build(self, query_shape, value_shape, key_shape=None):
-        _validation.check_attention_shapes(query_shape, value_shape, key_shape)
-        key_shape = value_shape if key_shape is None else key_shape
-        self.score.build_or_check(query_shape, key_shape)
-        self.built = True
-
     def call(
         self,
         query: Tensor,
@@ -115,61 +108,31 @@ class SoftAttention(keras.layers.Layer):
         return_attention_scores: bool = False,
         training: bool | None = None,
     ):
-        _validation.check_attention_shapes(
-            query.shape, value.shape, None if key is None else key.shape
-        )
-        key = value if key is None else key
-        # One head: a (B, H, T, S) mask would broadcast its heads against the
-        # batch of the (B, T, S) scores, so it is refused here.
-        attention_mask = masking.standardize_mask(
-            attention_mask, "attention_mask", ranks=(2, 3)
-        )
-        mask = masking.compute_attention_mask(
+        output, weights = self._attend(
             query,
             value,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-        )
-        # One head of the core's `(B, T, H, D)` layout: a dot-product scorer
-        # takes the fast kernels, any other the explicit one.
-        output, weights = kernels.attention(
-            query[:, :, None],  # (B, T, 1, Dq)
-            key[:, :, None],  # (B, S, 1, Dk)
-            value[:, :, None],  # (B, S, 1, Dv)
-            self.score,
-            mask=mask,
-            causal=use_causal_mask,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
             dropout=self.dropout,
             training=training,
             seed=self.seed_generator,
             return_weights=return_attention_scores,
-            owner=self,
         )
-        output = output[:, :, 0]  # (B, T, Dv)
         if return_attention_scores:
-            return output, weights[:, 0]  # (B, T, S)
+            return output, weights
         return output
-
-    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        return tuple(query_shape[:-1]) + (value_shape[-1],)
 
     def compute_output_spec(
         self, query, value, key=None, return_attention_scores=False, **kwargs
     ):
-        _validation.check_attention_shapes(query.shape, value.shape, None if key is None else key.shape)
-        output = keras.KerasTensor(
-            self.compute_output_shape(query.shape, value.shape),
-            dtype=self.compute_dtype,
+        output, weights = self._output_spec(
+            query, value, key, 1 if return_attention_scores else 0
         )
-        if not return_attention_scores:
-            return output
-        weights = keras.KerasTensor(
-            (query.shape[0], query.shape[1], value.shape[1]),
-            dtype=self.compute_dtype,
-        )
-        return output, weights
+        return (output, *weights) if weights else output
 
     def get_config(self):
         config = super().get_config()

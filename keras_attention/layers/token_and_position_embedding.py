@@ -9,12 +9,12 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention._typing import Initializer
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
-from keras_attention.layers._transformer_block import copy_initializer
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.position_embedding import check_length
 from keras_attention.layers.sinusoidal_position_encoding import (
@@ -164,7 +164,7 @@ class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
             # `position_initializer` is given.
             self.position_embedding = PositionEmbedding(
                 self.sequence_length,
-                initializer=copy_initializer(
+                initializer=_keras_objects.copy_initializer(
                     self.position_initializer or self.embeddings_initializer
                 ),
                 dtype=self.dtype_policy,

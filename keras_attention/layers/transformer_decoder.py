@@ -10,15 +10,14 @@ import keras
 from keras_attention import kv_cache
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
+from keras_attention.layers import _block_io
 from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
-from keras_attention.layers._transformer_block import combined_padding_mask
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 
-
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoderStack(TransformerStack):
+class TransformerDecoderStack(_block_io.DecoderOutputSpec, TransformerStack):
     """`num_layers` `TransformerDecoderBlock`s, then an optional final norm.
 
     Each block has its own weights; masks reach every block, and every block
@@ -65,6 +64,7 @@ class TransformerDecoderStack(TransformerStack):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
+    stacked = True
     block_class = TransformerDecoderBlock
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
@@ -95,19 +95,9 @@ class TransformerDecoderStack(TransformerStack):
         ):
             if cache is not None:
                 kv_cache.check_stacked(cache, self.num_layers, name)
-        decoder_padding_mask = combined_padding_mask(
-            decoder_sequence,
-            decoder_padding_mask,
-            "decoder_padding_mask",
-            "decoder_sequence",
+        decoder_padding_mask, encoder_padding_mask = _block_io.decoder_padding_masks(
+            decoder_sequence, decoder_padding_mask, encoder_sequence, encoder_padding_mask
         )
-        if encoder_sequence is not None:
-            encoder_padding_mask = combined_padding_mask(
-                encoder_sequence,
-                encoder_padding_mask,
-                "encoder_padding_mask",
-                "encoder_sequence",
-            )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
         x = decoder_sequence
         self_weights, cross_weights = [], []
@@ -146,16 +136,16 @@ class TransformerDecoderStack(TransformerStack):
         if self.output_layer_norm is not None:
             x = self.output_layer_norm(x)
 
-        outputs = (x,)
-        if return_attention_scores:
-            outputs += (self_weights,)
-            if has_cross:
-                outputs += (cross_weights,)
-        if self_attention_cache is not None:
-            outputs += (kv_cache.stack(self_caches),)  # (B, N, 2, L, G, K)
-        if cross_attention_cache is not None:
-            outputs += (kv_cache.stack(cross_caches),)  # (B, N, 2, S, G, K)
-        return outputs[0] if len(outputs) == 1 else outputs
+        return _block_io.decoder_outputs(
+            x,
+            return_attention_scores,
+            self_weights,
+            cross_weights,
+            has_cross,
+            # (B, N, 2, L, G, K) and (B, N, 2, S, G, K), when given.
+            None if self_attention_cache is None else kv_cache.stack(self_caches),
+            None if cross_attention_cache is None else kv_cache.stack(cross_caches),
+        )
 
     def call_with_layer_caches(self, decoder_sequence, caches, cache_update_index):
         """A cached decoder-only pass with one self-attention cache per block.
@@ -193,50 +183,6 @@ class TransformerDecoderStack(TransformerStack):
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
-
-    def compute_output_spec(
-        self,
-        decoder_sequence,
-        encoder_sequence=None,
-        self_attention_cache=None,
-        cross_attention_cache=None,
-        return_attention_scores=False,
-        **kwargs,
-    ):
-        batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
-        dtype = self.compute_dtype
-        outputs = (keras.KerasTensor(decoder_sequence.shape, dtype=dtype),)
-        if return_attention_scores:
-            self_length = length
-            if self_attention_cache is not None:
-                self_length = kv_cache.stacked_length(self_attention_cache)
-            outputs += (
-                [
-                    keras.KerasTensor(
-                        (batch, self.num_heads, length, self_length), dtype=dtype
-                    )
-                    for _ in range(self.num_layers)
-                ],
-            )
-            if encoder_sequence is not None or cross_attention_cache is not None:
-                cross_length = (
-                    encoder_sequence.shape[1]
-                    if cross_attention_cache is None
-                    else kv_cache.stacked_length(cross_attention_cache)
-                )
-                outputs += (
-                    [
-                        keras.KerasTensor(
-                            (batch, self.num_heads, length, cross_length), dtype=dtype
-                        )
-                        for _ in range(self.num_layers)
-                    ],
-                )
-        for cache in (self_attention_cache, cross_attention_cache):
-            if cache is not None:
-                outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return outputs[0] if len(outputs) == 1 else outputs
-
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerDecoder(

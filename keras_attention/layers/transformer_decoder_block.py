@@ -12,13 +12,12 @@ from keras_attention import _validation
 from keras_attention import kv_cache
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
+from keras_attention.layers import _block_io
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import as_tuple
-from keras_attention.layers._transformer_block import combined_padding_mask
-
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoderBlock(TransformerBlock):
+class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
     """One decoder layer of "Attention Is All You Need" (section 3.1).
 
     Three sub-layers, each wrapped in dropout, a residual connection and a
@@ -167,20 +166,10 @@ class TransformerDecoderBlock(TransformerBlock):
             cross_attention_cache,
             cross_attention_cache_update_index,
         )
-        decoder_padding_mask = combined_padding_mask(
-            decoder_sequence,
-            decoder_padding_mask,
-            "decoder_padding_mask",
-            "decoder_sequence",
+        decoder_padding_mask, encoder_padding_mask = _block_io.decoder_padding_masks(
+            decoder_sequence, decoder_padding_mask, encoder_sequence, encoder_padding_mask
         )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
-        if encoder_sequence is not None:
-            encoder_padding_mask = combined_padding_mask(
-                encoder_sequence,
-                encoder_padding_mask,
-                "encoder_padding_mask",
-                "encoder_sequence",
-            )
         batch = ops.shape(decoder_sequence)[0]
 
         # Self attention block.
@@ -270,16 +259,15 @@ class TransformerDecoderBlock(TransformerBlock):
             training,
         )
 
-        outputs = (x,)
-        if return_attention_scores:
-            outputs += (self_weights,)
-            if has_cross:
-                outputs += (cross_weights,)
-        if self_attention_cache is not None:
-            outputs += (self_attention_cache,)
-        if cross_attention_cache is not None:
-            outputs += (cross_attention_cache,)
-        return outputs[0] if len(outputs) == 1 else outputs
+        return _block_io.decoder_outputs(
+            x,
+            return_attention_scores,
+            self_weights,
+            cross_weights,
+            has_cross,
+            self_attention_cache,
+            cross_attention_cache,
+        )
 
     def _check_call(
         self,
@@ -336,38 +324,3 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
-
-    def compute_output_spec(
-        self,
-        decoder_sequence,
-        encoder_sequence=None,
-        self_attention_cache=None,
-        cross_attention_cache=None,
-        return_attention_scores=False,
-        **kwargs,
-    ):
-        batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
-        dtype = self.compute_dtype
-        outputs = (keras.KerasTensor(decoder_sequence.shape, dtype=dtype),)
-        if return_attention_scores:
-            self_length = (
-                length if self_attention_cache is None else kv_cache.length(self_attention_cache)
-            )
-            outputs += (
-                keras.KerasTensor((batch, self.num_heads, length, self_length), dtype=dtype),
-            )
-            if encoder_sequence is not None or cross_attention_cache is not None:
-                cross_length = (
-                    encoder_sequence.shape[1]
-                    if cross_attention_cache is None
-                    else kv_cache.length(cross_attention_cache)
-                )
-                outputs += (
-                    keras.KerasTensor(
-                        (batch, self.num_heads, length, cross_length), dtype=dtype
-                    ),
-                )
-        for cache in (self_attention_cache, cross_attention_cache):
-            if cache is not None:
-                outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return outputs[0] if len(outputs) == 1 else outputs

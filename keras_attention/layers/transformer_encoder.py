@@ -5,19 +5,16 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 
 import keras
 
-from keras_attention import masking
 from keras_attention._typing import Tensor
+from keras_attention.layers import _block_io
 from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
-from keras_attention.layers._transformer_block import check_positions
-from keras_attention.layers._transformer_block import combined_padding_mask
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
-
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
+class TransformerEncoderStack(_block_io.EncoderOutputSpec, ChecksOutputPositions, TransformerStack):
     """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
 
     The paper's encoder is a stack of N = 6 identical blocks. Each block has
@@ -66,6 +63,7 @@ class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
+    stacked = True
     block_class = TransformerEncoderBlock
 
     def build(self, inputs_shape):
@@ -83,12 +81,9 @@ class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
         output_positions: Tensor | None = None,
     ):
         self._check_inputs("inputs", inputs.shape)
-        padding_mask = combined_padding_mask(inputs, padding_mask)
-        attention_mask = masking.standardize_mask(
-            attention_mask, "attention_mask", ranks=(2, 3, 4)
+        padding_mask, attention_mask, output_positions = _block_io.encoder_masks(
+            inputs, padding_mask, attention_mask, output_positions
         )
-        if output_positions is not None:
-            output_positions = check_positions(output_positions, inputs)
         x, weights = inputs, []
         for i, block in enumerate(self.blocks):
             last = i == len(self.blocks) - 1
@@ -111,27 +106,6 @@ class TransformerEncoderStack(ChecksOutputPositions, TransformerStack):
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
-
-    def compute_output_spec(
-        self, inputs, return_attention_scores=False, output_positions=None, **kwargs
-    ):
-        self._check_inputs("inputs", inputs.shape)
-        batch, length = inputs.shape[0], inputs.shape[1]
-        queries = length if output_positions is None else output_positions.shape[1]
-        output = keras.KerasTensor(
-            (batch, queries) + tuple(inputs.shape[2:]), dtype=self.compute_dtype
-        )
-        if not return_attention_scores:
-            return output
-        weights = [
-            keras.KerasTensor(
-                (batch, self.num_heads, length if i < self.num_layers - 1 else queries, length),
-                dtype=self.compute_dtype,
-            )
-            for i in range(self.num_layers)
-        ]
-        return output, weights
-
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerEncoder(

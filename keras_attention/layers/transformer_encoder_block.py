@@ -8,16 +8,14 @@ import keras
 
 from keras_attention import masking
 from keras_attention._typing import Tensor
+from keras_attention.layers import _block_io
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
-from keras_attention.layers._transformer_block import check_positions
-from keras_attention.layers._transformer_block import combined_padding_mask
 from keras_attention.layers._transformer_block import rows_at
 
-
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerEncoderBlock(ChecksOutputPositions, TransformerBlock):
+class TransformerEncoderBlock(_block_io.EncoderOutputSpec, ChecksOutputPositions, TransformerBlock):
     """One encoder layer of "Attention Is All You Need" (section 3.1).
 
     Two sub-layers, each wrapped in dropout, a residual connection and a
@@ -137,13 +135,11 @@ class TransformerEncoderBlock(ChecksOutputPositions, TransformerBlock):
         output_positions: Tensor | None = None,
     ):
         self._check_inputs("inputs", inputs.shape)
-        padding_mask = combined_padding_mask(inputs, padding_mask)
-        attention_mask = masking.standardize_mask(
-            attention_mask, "attention_mask", ranks=(2, 3, 4)
+        padding_mask, attention_mask, output_positions = _block_io.encoder_masks(
+            inputs, padding_mask, attention_mask, output_positions
         )
         query_mask, residual = padding_mask, None
         if output_positions is not None:
-            output_positions = check_positions(output_positions, inputs)
             residual = rows_at(inputs, output_positions)  # (B, M, D)
             if query_mask is not None:
                 query_mask = rows_at(query_mask, output_positions)
@@ -192,19 +188,3 @@ class TransformerEncoderBlock(ChecksOutputPositions, TransformerBlock):
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
-
-    def compute_output_spec(
-        self, inputs, return_attention_scores=False, output_positions=None, **kwargs
-    ):
-        self._check_inputs("inputs", inputs.shape)
-        batch, length = inputs.shape[0], inputs.shape[1]
-        queries = length if output_positions is None else output_positions.shape[1]
-        output = keras.KerasTensor(
-            (batch, queries) + tuple(inputs.shape[2:]), dtype=self.compute_dtype
-        )
-        if not return_attention_scores:
-            return output
-        weights = keras.KerasTensor(
-            (batch, self.num_heads, queries, length), dtype=self.compute_dtype
-        )
-        return output, weights

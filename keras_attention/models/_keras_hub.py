@@ -5,12 +5,35 @@ sublayers as our blocks, in kernels of the same layout (attention kernels
 `(D, H, K)`, biases `(H, K)`), so each pair copies with `set_weights` (the
 pairs are listed once, in `keras_attention.layers._keras_interop`). So do
 those of KerasHub's LLaMA decoder layers (`llama_block_pairs`), and the
-embeddings and final norms of its GPT-2 and LLaMA backbones (`gpt_pairs`).
+embeddings and final norms of its GPT-2, LLaMA, BART and BERT backbones
+(`gpt_pairs`, `bart_pairs`, `bert_pairs`): each a model's embedding pairs,
+then its blocks' (`weight_pairs`), copied by `built_from`.
 """
 
+import functools
 import sys
 
 from keras_attention.layers._keras_interop import keras_hub_block_pairs as block_pairs
+
+
+def weight_pairs(embeddings, *stacks):
+    """(our sublayer, KerasHub's) pairs in weight order: the `embeddings`
+    pairs, then those of every block of each stack, a stack given as
+    `(our_blocks, their_blocks, block_pairs_of)`."""
+    pairs = list(embeddings)
+    for ours, theirs, block_pairs_of in stacks:
+        for our_block, their_block in zip(ours, theirs):
+            pairs += block_pairs_of(our_block, their_block)
+    return pairs
+
+
+def built_from(model, backbone, pairs_of, *build_arguments):
+    """`model` built, with copies of the weights of `pairs_of(model,
+    backbone)`."""
+    model.build(*build_arguments)
+    for ours, theirs in pairs_of(model, backbone):
+        ours.set_weights(theirs.get_weights())
+    return model
 
 
 # GPT from a decoder-only backbone: `gpt_arguments` reads the configuration,
@@ -100,18 +123,20 @@ def gpt_arguments(backbone, max_sequence_length=None):
 def gpt_pairs(model, backbone):
     """(our sublayer, KerasHub's) pairs of a `GPT` made from
     `gpt_arguments(backbone)`, in weight order."""
-    pairs = [
+    embeddings = [
         (model.embedding.token_embedding, backbone.token_embedding),
         (model.decoder.output_layer_norm, backbone.layer_norm),
     ]
     if backbone_kind(backbone) == "gpt2":
-        pairs.append((model.embedding.position_embedding, backbone.position_embedding))
+        embeddings.append(
+            (model.embedding.position_embedding, backbone.position_embedding)
+        )
         block_pairs_of = block_pairs
     else:
         block_pairs_of = llama_block_pairs
-    for ours, theirs in zip(model.decoder.blocks, backbone.transformer_layers):
-        pairs += block_pairs_of(ours, theirs)
-    return pairs
+    return weight_pairs(
+        embeddings, (model.decoder.blocks, backbone.transformer_layers, block_pairs_of)
+    )
 
 
 def llama_block_pairs(ours, theirs):
@@ -173,15 +198,37 @@ def bart_arguments(backbone, kwargs):
 
 def bart_pairs(model, backbone):
     """(our sublayer, the `BartBackbone`'s) pairs, in weight order."""
-    pairs = [
+    embeddings = [
         (model.token_embedding, backbone.token_embedding),
         (model.encoder_position_embedding, backbone.encoder_position_embedding),
         (model.decoder_position_embedding, backbone.decoder_position_embedding),
         (model.encoder_embedding_norm, backbone.encoder_embeddings_layer_norm),
         (model.decoder_embedding_norm, backbone.decoder_embeddings_layer_norm),
     ]
-    for ours, theirs in zip(model.encoder.blocks, backbone.encoder_transformer_layers):
-        pairs += block_pairs(ours, theirs)
-    for ours, theirs in zip(model.decoder.blocks, backbone.decoder_transformer_layers):
-        pairs += block_pairs(ours, theirs, cross=True)
-    return pairs
+    return weight_pairs(
+        embeddings,
+        (model.encoder.blocks, backbone.encoder_transformer_layers, block_pairs),
+        (
+            model.decoder.blocks,
+            backbone.decoder_transformer_layers,
+            functools.partial(block_pairs, cross=True),
+        ),
+    )
+
+
+# BERT: an encoder of post-norm blocks after embeddings and their norm.
+
+
+def bert_pairs(encoder, backbone):
+    """(our sublayer, the `BertBackbone`'s) pairs of a `BertEncoder`, in
+    weight order."""
+    embeddings = [
+        (encoder.token_embedding, backbone.token_embedding),
+        (encoder.position_embedding, backbone.position_embedding),
+        (encoder.segment_embedding, backbone.segment_embedding),
+        (encoder.embeddings_layer_norm, backbone.embeddings_layer_norm),
+        (encoder.pooled_dense, backbone.pooled_dense),
+    ]
+    return weight_pairs(
+        embeddings, (encoder.encoder.blocks, backbone.transformer_layers, block_pairs)
+    )

@@ -15,14 +15,8 @@ from keras_attention.layers._transformer_block import rows_at
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.models import _text
 from keras_attention.models import layouts
+from keras_attention.models.bert_encoder import ENCODER_ARGUMENTS
 from keras_attention.models.bert_encoder import BertEncoder
-
-# The constructor arguments `BertMaskedLM` hands to its encoder.
-ENCODER_ARGUMENTS = (
-    "vocabulary_size", "num_layers", "num_heads", "hidden_dim", "intermediate_dim",
-    "dropout", "max_sequence_length", "num_segments", "layer_norm_epsilon",
-    "initializer_range", "seed",
-)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")

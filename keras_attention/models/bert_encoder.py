@@ -21,6 +21,14 @@ from keras_attention.models import _keras_hub
 # The names of the inputs, as KerasHub's `BertBackbone` takes them.
 INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
 
+# The constructor arguments, saved by `get_config` as the attributes hold
+# them (`BertMaskedLM` takes them too).
+ENCODER_ARGUMENTS = (
+    "vocabulary_size", "num_layers", "num_heads", "hidden_dim",
+    "intermediate_dim", "dropout", "max_sequence_length", "num_segments",
+    "layer_norm_epsilon", "initializer_range", "seed",
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class BertEncoder(keras.layers.Layer):
@@ -105,11 +113,9 @@ class BertEncoder(keras.layers.Layer):
         check = _validation.check_positive_int
         self.vocabulary_size = check("vocabulary_size", vocabulary_size)
         self.num_layers = check("num_layers", num_layers)
-        self.num_heads = check("num_heads", num_heads)
-        self.hidden_dim = check("hidden_dim", hidden_dim)
-        self.intermediate_dim = check("intermediate_dim", intermediate_dim)
-        _validation.check_divisible("hidden_dim", self.hidden_dim, "num_heads", self.num_heads)
-        self.dropout = _validation.check_rate("dropout", dropout)
+        self.num_heads, self.hidden_dim, self.intermediate_dim, self.dropout = (
+            _validation.check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout)
+        )
         self.max_sequence_length = check("max_sequence_length", max_sequence_length)
         self.num_segments = check("num_segments", num_segments)
         positive = _validation.check_positive_float
@@ -280,31 +286,10 @@ class BertEncoder(keras.layers.Layer):
             )},
             **kwargs,
         )
-        encoder.build()
-        pairs = [
-            (encoder.token_embedding, backbone.token_embedding),
-            (encoder.position_embedding, backbone.position_embedding),
-            (encoder.segment_embedding, backbone.segment_embedding),
-            (encoder.embeddings_layer_norm, backbone.embeddings_layer_norm),
-            (encoder.pooled_dense, backbone.pooled_dense),
-        ]
-        for ours, theirs in zip(encoder.encoder.blocks, backbone.transformer_layers):
-            pairs += _keras_hub.block_pairs(ours, theirs)
-        for ours, theirs in pairs:
-            ours.set_weights(theirs.get_weights())
-        return encoder
+        return _keras_hub.built_from(encoder, backbone, _keras_hub.bert_pairs)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                name: getattr(self, name)
-                for name in (
-                    "vocabulary_size", "num_layers", "num_heads", "hidden_dim",
-                    "intermediate_dim", "dropout", "max_sequence_length", "num_segments",
-                    "layer_norm_epsilon", "initializer_range", "seed",
-                )
-            }
-        )
+        config.update({name: getattr(self, name) for name in ENCODER_ARGUMENTS})
         return config
 

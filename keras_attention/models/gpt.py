@@ -26,6 +26,15 @@ from keras_attention.models import layouts
 
 POSITIONS = ("learned", "rotary")
 
+# The constructor arguments `get_config` saves as the attributes hold them.
+_CONFIG_NAMES = (
+    "vocabulary_size", "max_sequence_length", "num_layers", "num_heads",
+    "hidden_dim", "intermediate_dim", "dropout", "layer_norm_epsilon",
+    "num_key_value_heads", "use_bias", "normalization", "positions",
+    "rotary_max_wavelength", "gated_feedforward", "tie_weights",
+    "initializer_range", "seed",
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
@@ -161,11 +170,9 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         self.vocabulary_size = check("vocabulary_size", vocabulary_size)
         self.max_sequence_length = check("max_sequence_length", max_sequence_length)
         self.num_layers = check("num_layers", num_layers)
-        self.num_heads = check("num_heads", num_heads)
-        self.hidden_dim = check("hidden_dim", hidden_dim)
-        self.intermediate_dim = check("intermediate_dim", intermediate_dim)
-        _validation.check_divisible("hidden_dim", hidden_dim, "num_heads", num_heads)
-        self.dropout = _validation.check_rate("dropout", dropout)
+        self.num_heads, self.hidden_dim, self.intermediate_dim, self.dropout = (
+            _validation.check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout)
+        )
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.num_key_value_heads = num_key_value_heads
@@ -485,24 +492,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         )
         arguments = _keras_hub.gpt_arguments(backbone, max_sequence_length)
         model = cls(**arguments, **kwargs)
-        model.build((None, None))
-        for ours, theirs in _keras_hub.gpt_pairs(model, backbone):
-            ours.set_weights(theirs.get_weights())
-        return model
+        return _keras_hub.built_from(model, backbone, _keras_hub.gpt_pairs, (None, None))
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                name: getattr(self, name)
-                for name in (
-                    "vocabulary_size", "max_sequence_length", "num_layers", "num_heads",
-                    "hidden_dim", "intermediate_dim", "dropout", "layer_norm_epsilon",
-                    "num_key_value_heads", "use_bias", "normalization", "positions",
-                    "rotary_max_wavelength", "gated_feedforward", "tie_weights",
-                    "initializer_range", "seed",
-                )
-            }
-        )
+        config.update({name: getattr(self, name) for name in _CONFIG_NAMES})
         config["activation"] = self.decoder.block_arguments()["activation"]
         return config

@@ -29,6 +29,16 @@ from keras_attention.models import layouts
 
 POSITIONS = ("sinusoidal", "learned")
 
+# The constructor arguments `get_config` saves as the attributes hold them.
+_CONFIG_NAMES = (
+    "source_vocabulary_size", "target_vocabulary_size",
+    "max_source_length", "max_target_length", "num_encoder_layers",
+    "num_decoder_layers", "num_heads", "hidden_dim", "intermediate_dim",
+    "dropout", "normalize_first", "positions", "share_embeddings",
+    "embedding_layer_norm", "pad_token_id", "scale_embeddings",
+    "layer_norm_epsilon", "seed",
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class Seq2SeqTransformer(
@@ -157,11 +167,9 @@ class Seq2SeqTransformer(
         self.max_target_length = check("max_target_length", max_target_length)
         self.num_encoder_layers = check("num_encoder_layers", num_encoder_layers)
         self.num_decoder_layers = check("num_decoder_layers", num_decoder_layers)
-        self.num_heads = check("num_heads", num_heads)
-        self.hidden_dim = check("hidden_dim", hidden_dim)
-        self.intermediate_dim = check("intermediate_dim", intermediate_dim)
-        _validation.check_divisible("hidden_dim", self.hidden_dim, "num_heads", self.num_heads)
-        self.dropout = _validation.check_rate("dropout", dropout)
+        self.num_heads, self.hidden_dim, self.intermediate_dim, self.dropout = (
+            _validation.check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout)
+        )
         self.activation = activation
         self.normalize_first = bool(normalize_first)
         if positions not in POSITIONS:
@@ -439,26 +447,11 @@ class Seq2SeqTransformer(
             backbone, "backbone", "BartBackbone", "Seq2SeqTransformer"
         )
         model = cls(**_keras_hub.bart_arguments(backbone, kwargs))
-        model.build()
-        for ours, theirs in _keras_hub.bart_pairs(model, backbone):
-            ours.set_weights(theirs.get_weights())
-        return model
+        return _keras_hub.built_from(model, backbone, _keras_hub.bart_pairs)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                name: getattr(self, name)
-                for name in (
-                    "source_vocabulary_size", "target_vocabulary_size",
-                    "max_source_length", "max_target_length", "num_encoder_layers",
-                    "num_decoder_layers", "num_heads", "hidden_dim", "intermediate_dim",
-                    "dropout", "normalize_first", "positions", "share_embeddings",
-                    "embedding_layer_norm", "pad_token_id", "scale_embeddings",
-                    "layer_norm_epsilon", "seed",
-                )
-            }
-        )
+        config.update({name: getattr(self, name) for name in _CONFIG_NAMES})
         config["activation"] = self.decoder.block_arguments()["activation"]
         return config
 

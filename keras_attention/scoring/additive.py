@@ -5,6 +5,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention._typing import Initializer
 from keras_attention._typing import Regularizer
@@ -103,14 +104,8 @@ class Additive(Scorer):
         config.update(
             {
                 "units": self.units,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
+                **_keras_objects.serialize(
+                    self, ("kernel_initializer", "bias_initializer", "kernel_regularizer")
                 ),
             }
         )

@@ -5,6 +5,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention._typing import Initializer
 from keras_attention._typing import Regularizer
 from keras_attention._typing import Tensor
@@ -70,13 +71,6 @@ class Bilinear(Scorer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-            }
+            _keras_objects.serialize(self, ("kernel_initializer", "kernel_regularizer"))
         )
         return config

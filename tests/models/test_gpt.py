@@ -23,7 +23,6 @@ import pytest
 import harness
 import keras_attention
 from keras_attention.models import GPT
-from keras_attention import backend
 from keras_attention.models import generation
 
 BACKEND = keras.backend.backend()
@@ -49,35 +48,11 @@ TOLERANCE = 1e-4
 FORWARD_BATCH = 64
 
 
-def _randomize(model, seed=0):
-    """Gives every weight a random value, biases and norms included.
-
-    Kernels are `N(0, 9 / fan_in)`, the embeddings `N(0, 1)`, biases and norm
-    offsets `N(0, 0.01)`, norm scales `N(1, 0.04)`: large enough that the
-    greedy continuations of a random model do not collapse onto one token.
-    """
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        shape, path = tuple(variable.shape), variable.path
-        name = path.split("/")[-1]
-        if name == "gamma":
-            value = 1 + 0.2 * rng.normal(size=shape)
-        elif name in ("beta", "bias"):
-            value = 0.1 * rng.normal(size=shape)
-        elif name == "embeddings":
-            value = rng.normal(size=shape)
-        else:
-            # (D, H, K) projections read D, output ones (H, K, D) read H * K.
-            fan_in = np.prod(shape[:-1]) if "output" in path else shape[0]
-            value = 3 * rng.normal(size=shape) / np.sqrt(fan_in)
-        variable.assign(value.astype("float32"))
-    return model
-
 
 def _small_gpt(seed=0, **kwargs):
     model = GPT(**{**CONFIG, **kwargs})
     model.build((None, None))
-    return _randomize(model, seed)
+    return harness.randomize_weights(model, seed)
 
 
 def _ids(shape, seed=0):
@@ -183,7 +158,7 @@ def hub_backbone():
         intermediate_dim=32,
         max_sequence_length=MAX_LENGTH,
     )
-    return _randomize(backbone, seed=3)
+    return harness.randomize_weights(backbone, seed=3)
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "padding_mask"])
@@ -217,7 +192,7 @@ def test_from_keras_hub_copies_the_weights(hub_backbone):
     before = _forward(ours, ids)
     original = hub_backbone.get_weights()
     try:
-        _randomize(hub_backbone, seed=99)
+        harness.randomize_weights(hub_backbone, seed=99)
         np.testing.assert_array_equal(_forward(ours, ids), before)
     finally:
         hub_backbone.set_weights(original)

@@ -30,42 +30,15 @@ LLAMA = dict(
 )
 
 
-def _randomize(model, seed):
-    """Random values for every weight: kernels `N(0, 9 / fan_in)`, the
-    embeddings `N(0, 0.25)`, norm scales `N(1, 0.04)`, biases and offsets
-    `N(0, 0.01)`: large enough that greedy continuations vary, small enough
-    that float32 logits (about 1 in size) are exact to 1e-5."""
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        shape, path = tuple(variable.shape), variable.path
-        name = path.split("/")[-1]
-        if name in ("gamma", "scale"):
-            value = 1 + 0.2 * rng.normal(size=shape)
-        elif name in ("beta", "bias"):
-            value = 0.1 * rng.normal(size=shape)
-        elif name == "embeddings":
-            value = 0.5 * rng.normal(size=shape)
-        else:
-            # Output projections (H, K, D) read H * K; the others axis 0.
-            fan_in = np.prod(shape[:-1]) if "attention_output" in path else shape[0]
-            value = 3 * rng.normal(size=shape) / np.sqrt(fan_in)
-        variable.assign(value.astype("float32"))
-    return model
-
 
 def _gpt(vocabulary_size, seed=0, cls=GPT, **kwargs):
     model = cls(vocabulary_size, MAX_LENGTH, **{**BLOCKS, **kwargs})
     model.build((None, None))
-    return _randomize(model, seed)
+    return harness.randomize_weights(model, seed, embedding_scale=0.5)
 
 
 def _forward(model, ids, rows=None):
-    """`model(ids)` as float64 numpy, run at `(rows, MAX_LENGTH)` (later
-    positions change nothing before them: causality)."""
-    batch, length = ids.shape
-    padded = np.zeros((rows or batch, MAX_LENGTH), "int32")
-    padded[:batch, :length] = ids
-    return harness.to_numpy(model(padded))[:batch, :length].astype("float64")
+    return harness.padded_logits(model, ids, rows or ids.shape[0], MAX_LENGTH)
 
 
 def _log_softmax(x):
@@ -74,12 +47,7 @@ def _log_softmax(x):
 
 
 def _greedy_reference(model, prompt, max_new_tokens):
-    """Greedy decoding that reruns the whole sequence for every new token."""
-    ids = np.array(prompt, "int32")
-    for _ in range(max_new_tokens):
-        next_ids = _forward(model, ids, rows=4)[:, -1].argmax(-1).astype("int32")  # (B,)
-        ids = np.concatenate([ids, next_ids[:, None]], axis=1)
-    return ids
+    return harness.greedy_reference(model, prompt, max_new_tokens, 4, MAX_LENGTH)
 
 
 # Beam search against brute force.

@@ -55,35 +55,17 @@ TOLERANCE = 1e-4
 ROWS = 4  # the batch of every reference pass, so JAX compiles it once
 
 
-def _randomize(model, seed=0):
-    """Random values for every weight: kernels `N(0, 9 / fan_in)`, the
-    token table `N(0, 1)`, norm scales `N(1, 0.04)`. Large enough that the
-    greedy continuations of a random model do not collapse onto one token."""
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        shape, path = tuple(variable.shape), variable.path
-        if path.endswith("scale"):
-            value = 1 + 0.2 * rng.normal(size=shape)
-        elif path.endswith("/embeddings"):
-            value = rng.normal(size=shape)
-        else:
-            # Output projections (H, K, D) read H * K; the others read axis 0.
-            fan_in = np.prod(shape[:-1]) if "attention_output" in path else shape[0]
-            value = 3 * rng.normal(size=shape) / np.sqrt(fan_in)
-        variable.assign(value.astype("float32"))
-    return model
-
 
 def _llama(seed=0, **kwargs):
     model = GPT(**{**LLAMA, **kwargs})
     model.build((None, None))
-    return _randomize(model, seed)
+    return harness.randomize_weights(model, seed)
 
 
 def _hub_backbone(seed=0, **kwargs):
     keras_hub = pytest.importorskip("keras_hub")
     backbone = keras_hub.models.LlamaBackbone(**{**HUB_LLAMA, **kwargs})
-    return _randomize(backbone, seed)
+    return harness.randomize_weights(backbone, seed)
 
 
 def _ids(shape, seed=0):
@@ -91,21 +73,11 @@ def _ids(shape, seed=0):
 
 
 def _forward(model, ids):
-    """`model(ids)` as float64 numpy, run at one shape `(ROWS, MAX_LENGTH)`
-    (later positions change nothing before them: causality)."""
-    batch, length = ids.shape
-    padded = np.zeros((ROWS, MAX_LENGTH), "int32")
-    padded[:batch, :length] = ids
-    return harness.to_numpy(model(padded))[:batch, :length].astype("float64")
+    return harness.padded_logits(model, ids, ROWS, MAX_LENGTH)
 
 
 def _greedy_reference(model, prompt, max_new_tokens):
-    """Greedy decoding that reruns the whole sequence for every new token."""
-    ids = np.array(prompt, "int32")
-    for _ in range(max_new_tokens):
-        next_ids = _forward(model, ids)[:, -1].argmax(-1).astype("int32")  # (B,)
-        ids = np.concatenate([ids, next_ids[:, None]], axis=1)
-    return ids
+    return harness.greedy_reference(model, prompt, max_new_tokens, ROWS, MAX_LENGTH)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +128,7 @@ def test_from_keras_hub_takes_the_rotary_wavelength_and_copies_the_weights():
     ids = _ids((1, 9), seed=6)
     before = _forward(ours, ids)
     # The weights are copies: changing the backbone's changes nothing here.
-    _randomize(backbone, seed=99)
+    harness.randomize_weights(backbone, seed=99)
     np.testing.assert_array_equal(_forward(ours, ids), before)
     # The wavelength matters: the default one gives other logits.
     other = GPT(**{**LLAMA, "rotary_max_wavelength": 10000})
@@ -203,7 +175,7 @@ def test_from_keras_hub_takes_a_llama3_backbone():
     """Llama 3's backbone class is a LlamaBackbone; without rotary scaling
     it is the same model."""
     keras_hub = pytest.importorskip("keras_hub")
-    backbone = _randomize(keras_hub.models.Llama3Backbone(**HUB_LLAMA), seed=7)
+    backbone = harness.randomize_weights(keras_hub.models.Llama3Backbone(**HUB_LLAMA), seed=7)
     ours = GPT.from_keras_hub(backbone)
     assert ours.max_sequence_length == 4096  # the default bound
     ids = _ids((1, 7), seed=8)

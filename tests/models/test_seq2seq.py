@@ -5,7 +5,6 @@ Shape legend: `B` batch, `S` source length, `T` target length, `V` target
 vocabulary size, `E` beams.
 """
 
-import dataclasses
 import itertools
 import json
 import subprocess
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 
 import harness
-from keras_attention import backend
 from keras_attention.models import Seq2SeqTransformer
 
 BACKEND = keras.backend.backend()
