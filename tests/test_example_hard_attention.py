@@ -5,7 +5,6 @@
 last line; the data generator is checked in-process.
 """
 
-import os
 import re
 
 import keras
@@ -26,10 +25,7 @@ def data():
 
 @pytest.mark.long_run
 def test_tiny_run_trains_every_method_and_prints_accuracy_last():
-    # The tiny model's ops are too small to gain from threads, and on a busy
-    # machine PyTorch's threads wait for one another (see the README).
-    threads = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
-    lines = harness.run_script(EXAMPLE / "train.py", "--tiny", env=threads)
+    lines = harness.run_script(EXAMPLE / "train.py", "--tiny")  # threads: conftest.py
     assert lines[0] == f"backend: {keras.backend.backend()}"
     value = harness.last_line_value(lines, "accuracy")
     assert 0.0 <= float(value) <= 1.0
