@@ -18,7 +18,7 @@ from keras_attention.models.bert_encoder import BertEncoder
 ENCODER_ARGUMENTS = (
     "vocabulary_size", "num_layers", "num_heads", "hidden_dim", "intermediate_dim",
     "dropout", "max_sequence_length", "num_segments", "layer_norm_epsilon",
-    "initializer_range", "seed",
+    "initializer_range", "attention_dropout", "seed",
 )
 
 
@@ -65,6 +65,10 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
             1e-12); the head's norm uses KerasHub's 1e-5.
         initializer_range: positive float, the standard deviation of the
             truncated normal initializer (BERT: 0.02).
+        attention_dropout: optional float in [0, 1), the dropout on the
+            attention weights alone (None: `dropout`). 0 keeps training on
+            the fused attention kernels where the backend's fused kernel
+            takes no dropout (JAX, TensorFlow; torch's takes it).
         seed: optional int, the seed of the dropout layers.
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
@@ -106,6 +110,7 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
         num_segments=2,
         layer_norm_epsilon=1e-12,
         initializer_range=0.02,
+        attention_dropout=None,
         seed=None,
         **kwargs,
     ):
@@ -116,7 +121,8 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
             vocabulary_size, num_layers, num_heads, hidden_dim, intermediate_dim,
             dropout=dropout, max_sequence_length=max_sequence_length,
             num_segments=num_segments, layer_norm_epsilon=layer_norm_epsilon,
-            initializer_range=initializer_range, seed=seed, dtype=dtype, name="encoder",
+            initializer_range=initializer_range, attention_dropout=attention_dropout,
+            seed=seed, dtype=dtype, name="encoder",
         )
         for name in ENCODER_ARGUMENTS:
             setattr(self, name, getattr(self.encoder, name))

@@ -70,7 +70,8 @@ class Seq2SeqTransformer(
         intermediate_dim: positive int, the feed-forward width (paper:
             2048).
         dropout: float in [0, 1), on the embeddings, the attention weights
-            and each residual branch (paper: 0.1).
+            (unless `attention_dropout` is given) and each residual branch
+            (paper: 0.1).
         activation: the feed-forward activation (paper: `"relu"`).
         normalize_first: bool, pre-norm blocks (paper: post-norm).
         positions: `"sinusoidal"` (paper) or `"learned"`.
@@ -81,6 +82,10 @@ class Seq2SeqTransformer(
         scale_embeddings: bool, multiply token embeddings by `sqrt(D)`
             (paper: True; BART: False).
         layer_norm_epsilon: positive float.
+        attention_dropout: optional float in [0, 1), the dropout on the
+            attention weights alone (None: `dropout`). 0 keeps training on
+            the fused attention kernels where the backend's fused kernel
+            takes no dropout (JAX, TensorFlow; torch's takes it).
         seed: optional int, the seed of the dropout layers.
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
@@ -143,6 +148,7 @@ class Seq2SeqTransformer(
         pad_token_id=0,
         scale_embeddings=True,
         layer_norm_epsilon=1e-5,
+        attention_dropout=None,
         seed=None,
         **kwargs,
     ):
@@ -182,6 +188,10 @@ class Seq2SeqTransformer(
         self.pad_token_id = int(pad_token_id)
         self.scale_embeddings = bool(scale_embeddings)
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.attention_dropout = (
+            None if attention_dropout is None
+            else _validation.check_rate("attention_dropout", attention_dropout)
+        )
         self.seed = _validation.check_seed("seed", seed)
         dtype = self.dtype_policy
 
@@ -221,6 +231,7 @@ class Seq2SeqTransformer(
             intermediate_dim=intermediate_dim,
             num_heads=num_heads,
             dropout=dropout,
+            attention_dropout=self.attention_dropout,
             activation=activation,
             layer_norm_epsilon=layer_norm_epsilon,
             normalize_first=normalize_first,
@@ -452,7 +463,7 @@ class Seq2SeqTransformer(
                     "num_decoder_layers", "num_heads", "hidden_dim", "intermediate_dim",
                     "dropout", "normalize_first", "positions", "share_embeddings",
                     "embedding_layer_norm", "pad_token_id", "scale_embeddings",
-                    "layer_norm_epsilon", "seed",
+                    "layer_norm_epsilon", "attention_dropout", "seed",
                 )
             }
         )
