@@ -9,7 +9,9 @@ Rows, each run in a process of its own, one after the other on the same GPU:
   every 250 on 200 batches of each split;
 - `gpt-jax`, `gpt-torch`: examples/gpt_lm's `gpu` preset in bfloat16 with
   the same evaluation work (`--eval-interval 250 --eval-batches 200`),
-  through the arrays pipeline (no TensorFlow);
+  through the arrays pipeline (no TensorFlow); torch eagerly, or compiled
+  with `--torch-jit` (README.md, "Torch: eager or compiled", says why eager
+  is the default);
 - `translation-jax`, `translation-torch`, `bert-jax`, `bert-torch`: the
   `gpu` presets of examples/translation and examples/bert_mlm in bfloat16
   for `--model-steps` steps on data that `--prepare` wrote (no TensorFlow,
