@@ -664,6 +664,14 @@ def non_negative_float(text):
     return _real(text, 0.0, inclusive=True)
 
 
+def rate(text):
+    """An argparse `type`: a number in [0, 1) (a dropout rate)."""
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1). Received: {text!r}")
+    return value
+
+
 def source_path(text):
     """An argparse `type`: a URL (`scheme://...`, fetched later) or a path
     to a file that exists, is not empty, and (`.gz`) decompresses."""
@@ -816,6 +824,10 @@ def training_parser(description, output_dir, source_help="corpus path or URL (de
     )
     parser.add_argument("--jit", action="store_true", help="jit_compile=True")
     parser.add_argument(
+        "--attention-dropout", type=rate,
+        help="dropout on the attention weights alone (default: the preset's)",
+    )
+    parser.add_argument(
         "--pipeline", choices=PIPELINES,
         help="tf.data (the default where TensorFlow is installed) or arrays "
         "(numpy batches through keras.utils.PyDataset, no TensorFlow)",
@@ -833,7 +845,9 @@ def config_from_args(parser, args, presets, config_class, options=()):
     command line gives; `--steps` must be a whole number of evaluation
     intervals."""
     config = config_class(**presets["tiny" if args.tiny else args.config])
-    shared = ("steps", "eval_interval", "source", "cache_dir", "mixed_precision")
+    shared = (
+        "steps", "eval_interval", "source", "cache_dir", "mixed_precision", "attention_dropout"
+    )
     for name in (*shared, *options):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))

@@ -1,10 +1,14 @@
 """`benchmarks/gpu/run_all.py --dry-run`: the prepared GPU run, end to end on
 a CPU, on the tiny presets.
 
-Each backend's suite runs that backend's rows (the GPU run has no TensorFlow
-rows: the device machine has no TensorFlow; its suite runs nanoGPT's loop
-and the table), in one process that starts a process per row, as on the
-device machine.
+The rows are processes of their own, each on its row's backend whatever the
+suite's; the three suites (the CI runs the whole suite once per backend)
+share them out, so that a CI run runs each row once: one example's rows on
+JAX and torch in each suite, so each suite prepares at most one example's
+data (with TensorFlow) and measures with both backends' kernel probes. The
+GPU run has no TensorFlow rows (the device machine has no TensorFlow); the
+TensorFlow suite takes nanoGPT's loop and the GPT rows, which need no
+prepared data.
 """
 
 import os
@@ -18,9 +22,9 @@ from harness import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "gpu" / "run_all.py"
 ROWS = {
-    "jax": ("gpt-jax", "translation-jax", "bert-jax"),
-    "torch": ("gpt-torch", "translation-torch", "bert-torch"),
-    "tensorflow": ("nanogpt",),
+    "tensorflow": ("nanogpt", "gpt-jax", "gpt-torch"),
+    "jax": ("translation-jax", "translation-torch"),
+    "torch": ("bert-jax", "bert-torch"),
 }
 
 

@@ -114,25 +114,30 @@ def bert_flops_per_token(model, config):
 
 
 def attention_kernels(model, x):
-    """A line naming the kernels the attention layers of `model` take on `x`."""
+    """A line naming the kernels the attention layers of `model` take on `x`.
+
+    One training-mode forward pass both records this package's choices
+    (`kernels.tracing`) and shows what the backend launches: torch's runs
+    under the profiler, JAX's is the trace of the compiled program (an eager
+    JAX pass would compile every operation on its own, for nothing).
+    """
     import keras
 
     from keras_attention import kernels
 
-    with kernels.tracing() as taken:
-        model(x, training=True)
-    ours = collections.Counter(choice.kernel for _, choice in taken)
-    line = "attention kernels (ours): " + ", ".join(
-        f"{kernel} x{count}" for kernel, count in sorted(ours.items())
-    )
     backend = keras.backend.backend()
-    if backend == "torch":
-        line += "; torch launches: " + (_torch_kernels(model, x) or "no attention kernel seen")
-    elif backend == "jax":
-        line += "; JAX compiled step: " + _jax_kernels(model, x)
-    else:
-        line += "; TensorFlow: XLA's fused kernel where ours is fused"
-    return line
+    with kernels.tracing() as taken:
+        if backend == "torch":
+            launched = "torch launches: " + (_torch_kernels(model, x) or "no attention kernel seen")
+        elif backend == "jax":
+            launched = "JAX compiled step: " + _jax_kernels(model, x)
+        else:
+            model(x, training=True)
+            launched = "TensorFlow: XLA's fused kernel where ours is fused"
+    ours = collections.Counter(choice.kernel for _, choice in taken)
+    return "attention kernels (ours): " + ", ".join(
+        f"{kernel} x{count}" for kernel, count in sorted(ours.items())
+    ) + "; " + launched
 
 
 def _torch_kernels(model, x):

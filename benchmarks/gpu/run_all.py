@@ -9,7 +9,9 @@ Rows, each run in a process of its own, one after the other on the same GPU:
   every 250 on 200 batches of each split;
 - `gpt-jax`, `gpt-torch`: examples/gpt_lm's `gpu` preset in bfloat16 with
   the same evaluation work (`--eval-interval 250 --eval-batches 200`),
-  through the arrays pipeline (no TensorFlow);
+  through the arrays pipeline (no TensorFlow); torch eagerly, or compiled
+  with `--torch-jit` (README.md, "Torch: eager or compiled", says why eager
+  is the default);
 - `translation-jax`, `translation-torch`, `bert-jax`, `bert-torch`: the
   `gpu` presets of examples/translation and examples/bert_mlm in bfloat16
   for `--model-steps` steps on data that `--prepare` wrote (no TensorFlow,
@@ -39,7 +41,8 @@ end holds every row found there, so the parts can run as separate commands
 
 `--dry-run` runs the same rows on the `tiny` presets (nanoGPT's loop on a
 small configuration) on the CPU, preparing the tiny data first where
-TensorFlow is installed (the test `tests/test_gpu_run_all.py` runs it).
+TensorFlow is installed (the test `tests/test_gpu_run_all.py` runs it); its
+rows then run where `import tensorflow` fails, as on the device machine.
 How to carry the keras wheel and the prepared data to the device machine:
 `benchmarks/gpu/README.md`.
 """
@@ -254,6 +257,20 @@ def prepare_tiny_data(args, rows):
             )
 
 
+def without_tensorflow(env, folder):
+    """`env` with a `tensorflow` package first on `PYTHONPATH` (made in
+    `folder`) whose import raises ImportError, as on the device machine,
+    which has no TensorFlow. A row that needed it would fail here, not
+    there; and the rows skip its import (`keras.utils.set_random_seed`
+    imports TensorFlow wherever it is installed)."""
+    stub = pathlib.Path(folder) / "tensorflow"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "__init__.py").write_text(
+        'raise ImportError("the GPU run\'s device machine has no TensorFlow")\n'
+    )
+    return dict(env, PYTHONPATH=os.pathsep.join([str(folder), env["PYTHONPATH"]]))
+
+
 def table(results):
     """The rows of `results` (dicts), as a Markdown table."""
     def number(value, form):
@@ -288,14 +305,16 @@ def main(argv=None):
         if unknown:
             raise SystemExit(f"--rows must name rows of {rows}. Received: rows={args.rows!r}")
         rows = tuple(r for r in rows if r in args.rows.split(","))
-    if args.dry_run:
-        prepare_tiny_data(args, rows)
     failed = []
-    for row in rows:
-        print(f"---- {row}", flush=True)
-        command = [sys.executable, __file__, "--worker", row, *(argv or sys.argv[1:])]
-        if subprocess.run(command, cwd=ROOT, env=env).returncode:
-            failed.append(row)
+    with tempfile.TemporaryDirectory() as stub:
+        if args.dry_run:
+            prepare_tiny_data(args, rows)
+            env = without_tensorflow(env, stub)
+        for row in rows:
+            print(f"---- {row}", flush=True)
+            command = [sys.executable, __file__, "--worker", row, *(argv or sys.argv[1:])]
+            if subprocess.run(command, cwd=ROOT, env=env).returncode:
+                failed.append(row)
     with open(args.results) as f:
         results = [json.loads(line) for line in f if line.strip()]
     print(f"\nnanoGPT's published validation loss: {NANOGPT_VALIDATION_LOSS}")

@@ -146,23 +146,27 @@ def dropout(x, rate, seed):
     return _primitive("dropout")(x, rate, seed)
 
 
-def dropout_attention(q, k, v, mask, scale, rate, seed):
-    """Dot-product attention with dropout on the weights, in the backend's
-    own kernel, where `Preferences.dropout_kernel` says it has one (torch).
+def dropout_attention(q, k, v, mask, scale, is_causal, rate, seed):
+    """Dot-product attention with dropout on the weights in the backend's
+    fused kernel, where `Preferences.dropout_kernel` says it takes dropout
+    (torch's `scaled_dot_product_attention`). A fused kernel alone: the
+    caller (`kernels.fused.attend`) keeps the fully-masked-row and
+    non-finite rules around it.
 
     Args:
         q: `(B, T, H, K)`; k: `(B, S, G, K)`; v: `(B, S, G, V)`.
-        mask: optional boolean `(B|1, H|1, T, S)`, `True` = may attend.
-        scale: the score scale. rate: the dropout rate, in (0, 1).
-        seed: a `keras.random.SeedGenerator`, an int or None, as for
-            `dropout`, whose mask it draws for the `(B, H, T, S)` weights.
+        mask: optional boolean `(B|1, H|1, T, S)`, `True` = may attend;
+            every row sees a key.
+        scale: the score scale. is_causal: bool, causal with `T == S` (no
+            mask then). rate: the dropout rate, in (0, 1).
+        seed: a `keras.random.SeedGenerator` (advanced once), an int or
+            None, as for `dropout`: the same seed gives the same noise.
 
     Returns:
-        `(B, T, H, V)`, what the explicit kernel gives for the same mask
-        (fully masked rows 0; NaN or inf in a key or value only for the
-        queries that may see it).
+        `(B, T, H, V)`: the softmax weights, dropped with probability
+        `rate` and the rest scaled by `1 / (1 - rate)`, times the values.
     """
-    return _primitive("dropout_attention")(q, k, v, mask, scale, rate, seed)
+    return _primitive("dropout_attention")(q, k, v, mask, scale, is_causal, rate, seed)
 
 
 def argmax(x):

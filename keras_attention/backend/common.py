@@ -42,8 +42,9 @@ class Preferences:
             guarded computation, which a compiler fuses.
         dropout_kernel: whether dot-product attention with dropout on the
             weights (in training, weights not returned) runs in the
-            backend's own kernel, `dropout_attention`, instead of the
-            explicit kernel.
+            backend's fused kernel with its dropout, `dropout_attention`,
+            instead of the explicit kernel (Keras's fused kernel takes no
+            dropout).
         cache_windows: whether generation decodes in phases over caches
             that grow (`keras_attention.models.cache_windows`): where the
             loop is compiled with static shapes, a step reads every slot of
@@ -195,7 +196,7 @@ def dropout(x, rate, seed):
     return keras.random.dropout(x, rate, seed=seed)
 
 
-def dropout_attention(q, k, v, mask, scale, rate, seed):
+def dropout_attention(q, k, v, mask, scale, is_causal, rate, seed):
     raise NotImplementedError(
         "`dropout_attention` is a backend kernel; this backend has none "
         "(`Preferences.dropout_kernel` is False)."

@@ -4,18 +4,19 @@ Torch keeps its own fused kernel (`scaled_dot_product_attention`, flash or
 memory-efficient on CPU, so no query chunks); a projection is one
 `torch.nn.functional.linear` with the bias inside the GEMM.
 
-In training, attention with dropout on the weights runs in
-`dropout_attention` (written in torch: the explicit kernel's arithmetic with
-fewer operations, its guards only when a key or value is not finite), and
-dropout masks are drawn as `random_` int32 words compared with a threshold
-instead of `bernoulli_` (`dropout`), seeded from the layer's `SeedGenerator`
-as Keras seeds its own torch dropout, so seeded runs repeat and resume.
+In training, attention with dropout on the weights runs in the same fused
+kernel, given `dropout_p` (`dropout_attention`), which Keras's
+`ops.dot_product_attention` cannot pass. Dropout masks elsewhere are drawn
+as `random_` int32 words compared with a threshold instead of `bernoulli_`
+(`dropout`). Both are seeded from the layer's `SeedGenerator` as Keras seeds
+its own torch dropout, so seeded runs repeat and resume.
 
 Torch runs a model eagerly: decoding loops run as Python loops without
 autograd over the layers' own calls, straight to `call` where Keras's
 per-call wrapper would add nothing (`direct_calls`).
 """
 
+import contextlib
 
 import keras
 import torch
@@ -150,42 +151,57 @@ def dropout(x, rate, seed):
     return x * (noise if noise.dtype == x.dtype else noise.to(x.dtype))
 
 
-def dropout_attention(q, k, v, mask, scale, rate, seed):
-    """The explicit kernel's softmax, dropout and sum in torch: one masked
-    fill, a softmax in float32 for half precision, one multiply by the
-    dropout noise (dropped or masked positions 0: a fully masked row is 0),
-    the NaN guards only when a key or value is not finite."""
+@torch.compiler.disable()  # the default generator's state is swapped (not traceable)
+def dropout_attention(q, k, v, mask, scale, is_causal, rate, seed):
+    """Torch's fused `scaled_dot_product_attention` with `dropout_p`: on a
+    GPU its flash and memory-efficient kernels take dropout, so the `(T, S)`
+    weights never go through memory. The caller (`kernels.fused.attend`)
+    keeps the package's rules around it, as for every fused kernel.
+
+    SDPA draws its dropout from the device's default generator and takes no
+    `generator=`. So that a seed gives the same noise on every call, as
+    `dropout` does, the default generator runs from the state of the
+    generator `_generator` seeds from the Keras seed (a `SeedGenerator`
+    advances once) and is restored afterwards (`fork_rng`), leaving torch's
+    global stream as it was. The backward pass draws nothing: the math
+    kernel keeps its dropout mask, flash and memory-efficient keep the
+    seed and offset they ran with. Without a seed SDPA draws from the
+    global stream, as Keras's unseeded torch dropout does.
+    """
     q, k, v = (ops.convert_to_tensor(x) for x in (q, k, v))
     heads, groups = q.shape[2], k.shape[2]
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    q = (q * scale).transpose(1, 2)  # (B, H, T, K)
+    q = q.transpose(1, 2)  # (B, H, T, K)
     k = k.transpose(1, 2)  # (B, G, S, K)
     v = v.transpose(1, 2)  # (B, G, S, V)
-    bad = None
-    if not all_finite(k, v):
-        bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (B, G, S)
-        k = torch.where(bad[..., None], torch.zeros_like(k), k)
-        v = torch.where(bad[..., None], torch.zeros_like(v), v)
-    if groups != heads:  # query head h reads key/value head h // (H / G)
+    if groups != heads:
+        # Repeated as Keras's fused torch kernel repeats them (the fused row),
+        # rather than `enable_gqa=True`, which not every SDPA kernel takes.
         k = k.repeat_interleave(heads // groups, dim=1)  # (B, H, S, K)
         v = v.repeat_interleave(heads // groups, dim=1)  # (B, H, S, V)
-        bad = None if bad is None else bad.repeat_interleave(heads // groups, dim=1)
-    scores = torch.matmul(q, k.transpose(-1, -2)).to(work)  # (B, H, T, S)
     if mask is not None:
-        # In place: nothing saved for the backward pass reads the scores.
-        mask = ops.convert_to_tensor(mask).bool()
-        scores.masked_fill_(~mask, -0.5 * torch.finfo(work).max)
-    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
-    keep = _keep_mask(tuple(weights.shape), rate, _generator(seed, q.device), q.device)
-    if mask is not None:
-        keep = keep & mask
-    weights = weights * (keep * (1 / (1 - rate)))
-    output = torch.matmul(weights.to(v.dtype), v)  # (B, H, T, V)
-    if bad is not None:
-        visible = bad[:, :, None, :] if mask is None else mask & bad[:, :, None, :]
-        sees_bad = visible.any(dim=-1, keepdim=True)  # (B, H, T, 1)
-        output = torch.where(sees_bad, torch.full_like(output, float("nan")), output)
+        mask = ops.convert_to_tensor(mask).bool()  # (B|1, H|1, T, S)
+    with _seeded_default_generator(seed, q.device):
+        output = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=rate, is_causal=is_causal, scale=scale
+        )  # (B, H, T, V)
     return output.transpose(1, 2)  # (B, T, H, V)
+
+
+@contextlib.contextmanager
+def _seeded_default_generator(seed, device):
+    """The device's default generator in the state `_generator(seed, device)`
+    starts from, for the block; as it was afterwards. Nothing with no seed."""
+    if seed is None or device.type == "meta":
+        yield
+        return
+    state = _generator(seed, device).get_state()
+    devices = [] if device.type == "cpu" else [device]
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        if device.type == "cpu":
+            torch.set_rng_state(state)
+        else:
+            torch.get_device_module(device.type).set_rng_state(state, device)
+        yield
 
 
 def stateless_uniform(like, seed, step):

@@ -4,15 +4,14 @@ Shape legend: `B` batch, `T` query length, `S` key/value length, `H` query
 heads, `G` key/value heads (`H` divisible by `G`), `K` key head size, `V`
 value head size.
 
-One entry, four kernels (and a backend's own for dropout), one table that
-chooses among them (`choice.py`):
+One entry, four kernels, one table that chooses among them (`choice.py`):
 
 - `explicit.py`: score -> mask -> normalize -> dropout -> weighted sum, with
   any scorer and any normalization (soft or hard); it forms the weights;
-- `backend.dropout_attention`: where the backend prefers it (torch), the
-  explicit kernel's dot-product arithmetic with dropout, in its own terms;
-- `fused.py`: the backend's fused kernel (`ops.dot_product_attention`), with
-  the fully-masked-row and NaN guards around every fused kernel;
+- `fused.py`: the backend's fused kernel (`ops.dot_product_attention`, or
+  in training with dropout `backend.dropout_attention` where the backend's
+  kernel takes dropout: torch's SDPA), with the fully-masked-row and NaN
+  guards around every fused kernel;
 - `blocked.py`: a dot-product kernel that skips the keys a causal block
   cannot see;
 - `chunked.py`: long sequences in query chunks, so the whole score matrix is
@@ -25,7 +24,6 @@ kernel each call took.
 
 from keras import ops
 
-from keras_attention import backend
 from keras_attention import masking
 from keras_attention.kernels import choice as choices
 from keras_attention.kernels import explicit
@@ -81,7 +79,7 @@ def attention(
         causal: bool, query `t` sees keys `0 .. S - T + t` (bottom-right).
         cached: bool, the keys and values are a KV cache (decoding).
         dropout, training, seed: dropout on the weights (explicit kernel,
-            or the backend's dropout kernel).
+            or the backend's fused kernel with dropout).
         normalize: optional `normalize(scores, mask) -> weights` instead of
             the masked softmax (hard attention); explicit kernel.
         return_weights: bool, the weights are needed (explicit kernel).
@@ -112,7 +110,7 @@ def attention(
     # a flag: no (T, S) mask is built and torch can take its flash kernel.
     causal_flag = (
         causal
-        and chosen.kernel not in (choices.EXPLICIT, choices.DROPOUT)
+        and chosen.kernel != choices.EXPLICIT
         and mask is None
         and query_length is not None
         and query_length == key_length
@@ -124,11 +122,10 @@ def attention(
         output, weights = _explicit(
             query, key, value, scorer, mask, dropout, training, seed, normalize
         )
-    elif chosen.kernel == choices.DROPOUT:
-        output = backend.dropout_attention(query, key, value, mask, scale, dropout, seed)
-        weights = None
     else:
-        output = fused_kernels.attend(chosen, query, key, value, mask, scale, causal_flag)
+        output = fused_kernels.attend(
+            chosen, query, key, value, mask, scale, causal_flag, dropout=(dropout, seed)
+        )
         weights = None
     if owner is not None and is_recording():
         if weights is None:

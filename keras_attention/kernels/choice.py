@@ -11,11 +11,13 @@ matches decides. The timings behind the reasons are in benchmarks/README.md
     2    the scorer is not `c * q.k`, or a custom      explicit  the one kernel for any scorer
          normalization (hard attention)                          (additive, bilinear) and any
                                                                  normalization
-    3    weights returned, or dropout in training      explicit  fused kernels never form them
-         ... but dropout with `dropout_kernel`,        dropout   the explicit arithmetic in the
-         weights not returned, equal head sizes                  backend's terms (torch: fewer
-                                                                 ops, cheaper masks, guards only
-                                                                 for non-finite keys/values)
+    3    weights returned, or dropout in training      explicit  fused kernels never form them,
+                                                                 and Keras's take no dropout
+         ... but dropout with `dropout_kernel`,        dropout   the backend's fused kernel with
+         weights not returned, rows 1-4 passed                   its own dropout (torch's SDPA
+                                                                 `dropout_p`: flash and memory-
+                                                                 efficient take it on a GPU),
+                                                                 inside the fused guards
     4    value head size != key head size              explicit  Keras's fused kernels need both
                                                                  sizes equal
     5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
@@ -69,14 +71,17 @@ class Choice:
     guard_on_inputs: bool = True
 
 
-def takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_sizes):
+def takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_sizes,
+                preferences=None):
     """Rows 1-4: the row number that sends the call to the explicit kernel,
-    or 0 when a fused kernel may run."""
+    or 0 when a fused kernel may run (with dropout in training, the
+    backend's fused kernel that takes dropout, where it has one)."""
+    preferences = preferences or backend.preferences()
     if not fused:
         return 1
     if not dot_product:
         return 2
-    if weights_needed or dropout_active:
+    if weights_needed or (dropout_active and not preferences.dropout_kernel):
         return 3
     if not same_head_sizes:
         return 4
@@ -118,10 +123,10 @@ def choose_kernel(
         A `Choice`.
     """
     same_head_sizes = key_shape[-1] == value_shape[-1]
-    row = takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_sizes)
     preferences = preferences or backend.preferences()
-    if row == 3 and not weights_needed and same_head_sizes and preferences.dropout_kernel:
-        return Choice(DROPOUT, 3)
+    row = takes_fused(
+        fused, dot_product, weights_needed, dropout_active, same_head_sizes, preferences
+    )
     if row:
         return Choice(EXPLICIT, row)
     extras = dict(
@@ -129,6 +134,8 @@ def choose_kernel(
         guard_with_cond=preferences.guard_with_cond or cached,
         guard_on_inputs=not cached,
     )
+    if dropout_active:
+        return Choice(DROPOUT, 3, **extras)
     batch, query_length, heads = query_shape[:3]
     key_length = key_shape[1]
     static = query_length is not None and key_length is not None

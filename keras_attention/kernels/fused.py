@@ -30,12 +30,15 @@ def _backend_kernel(q, k, v, mask, scale, is_causal=False):
     )  # (B, T, H, V)
 
 
-def run(choice, q, k, v, mask, scale, is_causal):
+def run(choice, q, k, v, mask, scale, is_causal, dropout=None):
     """The chosen kernel alone; every row of `mask` must see a key."""
     dtype = q.dtype
     if choice.compute_dtype is not None and choice.compute_dtype != dtype:
         q, k, v = (ops.cast(x, choice.compute_dtype) for x in (q, k, v))
-        return ops.cast(run(choice, q, k, v, mask, scale, is_causal), dtype)
+        return ops.cast(run(choice, q, k, v, mask, scale, is_causal, dropout), dtype)
+    if choice.kernel == choices.DROPOUT:
+        rate, seed = dropout
+        return backend.dropout_attention(q, k, v, mask, scale, is_causal, rate, seed)
     if choice.kernel == choices.BLOCKED:
         preferences = backend.preferences()
         return blocked_attention(  # any G
@@ -48,19 +51,19 @@ def run(choice, q, k, v, mask, scale, is_causal):
     return _backend_kernel(q, k, v, mask, scale, is_causal)
 
 
-def masked_kernel(choice, q, k, v, mask, scale, is_causal):
+def masked_kernel(choice, q, k, v, mask, scale, is_causal, dropout=None):
     """The kernel with a boolean mask; fully masked rows come out as 0."""
     if mask is None:
-        return run(choice, q, k, v, None, scale, is_causal)
+        return run(choice, q, k, v, None, scale, is_causal, dropout)
     # Such rows see every key inside the kernel and are zeroed after it.
     has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, H|1, T, 1)
     kernel_mask = ops.logical_or(mask, ops.logical_not(has_key))
-    output = run(choice, q, k, v, kernel_mask, scale, False)
+    output = run(choice, q, k, v, kernel_mask, scale, False, dropout)
     has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, H|1, 1)
     return ops.where(has_key, output, ops.zeros_like(output))
 
 
-def attend(choice, q, k, v, mask, scale, is_causal):
+def attend(choice, q, k, v, mask, scale, is_causal, dropout=None):
     """A fused kernel that keeps both rules.
 
     Finite keys and values cannot leak, so with `choice.guard_on_inputs`
@@ -81,18 +84,21 @@ def attend(choice, q, k, v, mask, scale, is_causal):
         mask: optional boolean `(B|1, H|1, T, S)`; with `is_causal` None.
         scale: the score scale.
         is_causal: bool, causal attention with `T == S`.
+        dropout: `(rate, seed)` for the dropout kernel, which draws its
+            noise once, in whichever branch runs (the same seed gives the
+            same noise in both).
 
     Returns:
         `(B, T, H, V)`.
     """
     if mask is None and not is_causal:
         # Every query sees every key: nothing is hidden, nothing can leak.
-        return run(choice, q, k, v, None, scale, False)
+        return run(choice, q, k, v, None, scale, False, dropout)
 
     def recompute():
         clean_k, clean_v, bad = explicit.sanitize_nonfinite(k, v)
         bad = ops.any(bad, axis=-1)  # (B, S)
-        output = masked_kernel(choice, q, clean_k, clean_v, mask, scale, is_causal)
+        output = masked_kernel(choice, q, clean_k, clean_v, mask, scale, is_causal, dropout)
         if mask is None and is_causal:
             # Query t (at key t + S - T) sees a bad key when the first one is
             # at or before it: O(T), where the causal matrix would be O(T S).
@@ -114,8 +120,8 @@ def attend(choice, q, k, v, mask, scale, is_causal):
     if choice.guard_on_inputs:
         return backend.when_finite(
             (k, v),
-            lambda: masked_kernel(choice, q, k, v, mask, scale, is_causal),
+            lambda: masked_kernel(choice, q, k, v, mask, scale, is_causal, dropout),
             recompute,
         )
-    output = masked_kernel(choice, q, k, v, mask, scale, is_causal)
+    output = masked_kernel(choice, q, k, v, mask, scale, is_causal, dropout)
     return backend.unless_nonfinite(output, recompute)

@@ -48,8 +48,8 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
     (`kernels/choice.py`) picks a fused kernel for a (scaled) dot-product
     scorer (the backend's own, a blocked causal kernel, or query chunks for
     long sequences) and the explicit kernel for any other scorer, returned
-    scores, dropout in training, or `fused=False` (`uses_fused_path` says
-    which). Both give a fully masked query row an output of exactly 0
+    scores, dropout in training (but on torch, whose fused kernel takes
+    dropout), or `fused=False` (`uses_fused_path` says which). Both give a fully masked query row an output of exactly 0
     (before the output projection); Keras's layer gives it the mean of the
     values. A query that may attend to nothing receives nothing.
 
@@ -271,7 +271,8 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
     def uses_fused_path(self, training=False, return_attention_scores=False):
         """Whether a call with these arguments takes a fused kernel: a (scaled)
         dot-product scorer, equal key and value head sizes, no returned
-        scores, no dropout in training (inference stays fused)."""
+        scores, no dropout in training unless the backend's fused kernel
+        takes dropout (torch; inference stays fused)."""
         return not kernels.takes_fused(
             self.fused,
             self.score.dot_product_scale(self.key_dim) is not None,

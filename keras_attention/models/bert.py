@@ -62,6 +62,10 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
             1e-12); the head's norm uses KerasHub's 1e-5.
         initializer_range: positive float, the standard deviation of the
             truncated normal initializer (BERT: 0.02).
+        attention_dropout: optional float in [0, 1), the dropout on the
+            attention weights alone (None: `dropout`). 0 keeps training on
+            the fused attention kernels where the backend's fused kernel
+            takes no dropout (JAX, TensorFlow; torch's takes it).
         seed: optional int, the seed of the dropout layers.
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
@@ -103,6 +107,7 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
         num_segments: int = 2,
         layer_norm_epsilon: float = 1e-12,
         initializer_range: float = 0.02,
+        attention_dropout: float | None = None,
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -113,7 +118,8 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
             vocabulary_size, num_layers, num_heads, hidden_dim, intermediate_dim,
             dropout=dropout, max_sequence_length=max_sequence_length,
             num_segments=num_segments, layer_norm_epsilon=layer_norm_epsilon,
-            initializer_range=initializer_range, seed=seed, dtype=dtype, name="encoder",
+            initializer_range=initializer_range, attention_dropout=attention_dropout,
+            seed=seed, dtype=dtype, name="encoder",
         )
         for name in ENCODER_ARGUMENTS:
             setattr(self, name, getattr(self.encoder, name))

@@ -26,7 +26,7 @@ INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
 ENCODER_ARGUMENTS = (
     "vocabulary_size", "num_layers", "num_heads", "hidden_dim",
     "intermediate_dim", "dropout", "max_sequence_length", "num_segments",
-    "layer_norm_epsilon", "initializer_range", "seed",
+    "layer_norm_epsilon", "initializer_range", "attention_dropout", "seed",
 )
 
 
@@ -56,12 +56,17 @@ class BertEncoder(keras.layers.Layer):
         hidden_dim: positive int `D`.
         intermediate_dim: positive int, the feed-forward width.
         dropout: float in [0, 1), on the embeddings, the attention weights
-            and each residual branch (BERT: 0.1).
+            (unless `attention_dropout` is given) and each residual branch
+            (BERT: 0.1).
         max_sequence_length: positive int, the length of the position table.
         num_segments: positive int, the segment ids `0 .. num_segments - 1`.
         layer_norm_epsilon: positive float (BERT: 1e-12).
         initializer_range: positive float, the standard deviation of the
             truncated normal initializer (BERT: 0.02).
+        attention_dropout: optional float in [0, 1), the dropout on the
+            attention weights alone (None: `dropout`). 0 keeps training on
+            the fused attention kernels where the backend's fused kernel
+            takes no dropout (JAX, TensorFlow; torch's takes it).
         seed: optional int, the seed of the dropout layers.
         **kwargs: base `keras.layers.Layer` arguments.
 
@@ -106,6 +111,7 @@ class BertEncoder(keras.layers.Layer):
         num_segments: int = 2,
         layer_norm_epsilon: float = 1e-12,
         initializer_range: float = 0.02,
+        attention_dropout: float | None = None,
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -121,6 +127,10 @@ class BertEncoder(keras.layers.Layer):
         positive = _validation.check_positive_float
         self.layer_norm_epsilon = positive("layer_norm_epsilon", layer_norm_epsilon)
         self.initializer_range = positive("initializer_range", initializer_range)
+        self.attention_dropout = (
+            None if attention_dropout is None
+            else _validation.check_rate("attention_dropout", attention_dropout)
+        )
         self.seed = _validation.check_seed("seed", seed)
         dtype = self.dtype_policy
 
@@ -156,6 +166,7 @@ class BertEncoder(keras.layers.Layer):
             intermediate_dim,
             num_heads,
             dropout=dropout,
+            attention_dropout=self.attention_dropout,
             activation="gelu_approximate",
             layer_norm_epsilon=layer_norm_epsilon,
             kernel_initializer=self._initializer(),

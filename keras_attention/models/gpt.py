@@ -32,7 +32,7 @@ _CONFIG_NAMES = (
     "hidden_dim", "intermediate_dim", "dropout", "layer_norm_epsilon",
     "num_key_value_heads", "use_bias", "normalization", "positions",
     "rotary_max_wavelength", "gated_feedforward", "tie_weights",
-    "initializer_range", "seed",
+    "initializer_range", "attention_dropout", "seed",
 )
 
 
@@ -70,8 +70,9 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         num_heads: positive int, attention heads per layer.
         hidden_dim: positive int `D`, divisible by `num_heads`.
         intermediate_dim: positive int, the feed-forward width.
-        dropout: float in [0, 1), on the embeddings, the attention weights and
-            each residual branch (GPT-2 trains with 0.1).
+        dropout: float in [0, 1), on the embeddings, the attention weights
+            (unless `attention_dropout` is given) and each residual branch
+            (GPT-2 trains with 0.1).
         activation: the feed-forward activation; GPT-2's is
             `"gelu_approximate"` (the tanh approximation).
         layer_norm_epsilon: positive float (GPT-2: 1e-5; LLaMA: 1e-6 or
@@ -96,6 +97,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             without bias (LLaMA: False).
         initializer_range: positive float, the standard deviation of the
             normal initializer of every kernel and embedding (GPT-2: 0.02).
+        attention_dropout: optional float in [0, 1), the dropout on the
+            attention weights alone (None: `dropout`). 0 keeps training on
+            the fused attention kernels where the backend's fused kernel
+            takes no dropout (JAX, TensorFlow; torch's takes it).
         seed: optional int, the seed of the dropout layers.
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
@@ -162,6 +167,7 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         gated_feedforward: bool = False,
         tie_weights: bool = True,
         initializer_range: float = 0.02,
+        attention_dropout: float | None = None,
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -184,6 +190,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         self.tie_weights = _validation.check_bool("tie_weights", tie_weights)
         self.initializer_range = _validation.check_positive_float(
             "initializer_range", initializer_range
+        )
+        self.attention_dropout = (
+            None if attention_dropout is None
+            else _validation.check_rate("attention_dropout", attention_dropout)
         )
         self.seed = _validation.check_seed("seed", seed)
 
@@ -208,6 +218,7 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             intermediate_dim,
             num_heads,
             dropout=dropout,
+            attention_dropout=self.attention_dropout,
             activation=activation,
             layer_norm_epsilon=layer_norm_epsilon,
             kernel_initializer=self._initializer(),

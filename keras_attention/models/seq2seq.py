@@ -36,7 +36,7 @@ _CONFIG_NAMES = (
     "num_decoder_layers", "num_heads", "hidden_dim", "intermediate_dim",
     "dropout", "normalize_first", "positions", "share_embeddings",
     "embedding_layer_norm", "pad_token_id", "scale_embeddings",
-    "layer_norm_epsilon", "seed",
+    "layer_norm_epsilon", "attention_dropout", "seed",
 )
 
 
@@ -83,7 +83,8 @@ class Seq2SeqTransformer(
         intermediate_dim: positive int, the feed-forward width (paper:
             2048).
         dropout: float in [0, 1), on the embeddings, the attention weights
-            and each residual branch (paper: 0.1).
+            (unless `attention_dropout` is given) and each residual branch
+            (paper: 0.1).
         activation: the feed-forward activation (paper: `"relu"`).
         normalize_first: bool, pre-norm blocks (paper: post-norm).
         positions: `"sinusoidal"` (paper) or `"learned"`.
@@ -94,6 +95,10 @@ class Seq2SeqTransformer(
         scale_embeddings: bool, multiply token embeddings by `sqrt(D)`
             (paper: True; BART: False).
         layer_norm_epsilon: positive float.
+        attention_dropout: optional float in [0, 1), the dropout on the
+            attention weights alone (None: `dropout`). 0 keeps training on
+            the fused attention kernels where the backend's fused kernel
+            takes no dropout (JAX, TensorFlow; torch's takes it).
         seed: optional int, the seed of the dropout layers.
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
@@ -156,6 +161,7 @@ class Seq2SeqTransformer(
         pad_token_id: int = 0,
         scale_embeddings: bool = True,
         layer_norm_epsilon: float = 1e-5,
+        attention_dropout: float | None = None,
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -193,6 +199,10 @@ class Seq2SeqTransformer(
         self.pad_token_id = int(pad_token_id)
         self.scale_embeddings = bool(scale_embeddings)
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.attention_dropout = (
+            None if attention_dropout is None
+            else _validation.check_rate("attention_dropout", attention_dropout)
+        )
         self.seed = _validation.check_seed("seed", seed)
         dtype = self.dtype_policy
 
@@ -232,6 +242,7 @@ class Seq2SeqTransformer(
             intermediate_dim=intermediate_dim,
             num_heads=num_heads,
             dropout=dropout,
+            attention_dropout=self.attention_dropout,
             activation=activation,
             layer_norm_epsilon=layer_norm_epsilon,
             normalize_first=normalize_first,

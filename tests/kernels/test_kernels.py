@@ -90,14 +90,20 @@ def _choose(t=8, s=8, v=K, preferences=None, **kwargs):
 def test_explicit_rows_come_first_on_every_backend(kwargs, row):
     for preferences in PREFERENCES.values():
         got = _choose(preferences=preferences, **kwargs)
-        # Dropout alone goes to a backend's own dropout kernel (torch).
+        # Dropout alone goes to a backend's fused kernel with dropout (torch).
         own = preferences.dropout_kernel and list(kwargs) == ["dropout_active"]
         assert (got.kernel, got.row) == (choice.DROPOUT if own else choice.EXPLICIT, row)
 
 
 def test_dropout_kernel_row_needs_every_condition():
     torch = PREFERENCES["torch"]
-    assert _choose(preferences=torch, dropout_active=True) == choice.Choice(choice.DROPOUT, 3)
+    # A fused kernel: it carries the fused rows' dtype and guards.
+    assert _choose(preferences=torch, dropout_active=True) == choice.Choice(
+        choice.DROPOUT, 3, "float32"
+    )
+    assert _choose(preferences=torch, dropout_active=True, cached=True) == choice.Choice(
+        choice.DROPOUT, 3, "float32", guard_on_inputs=False
+    )
     for kwargs in (
         dict(fused=False),
         dict(dot_product=False),

@@ -16,6 +16,7 @@ from keras import ops
 import harness
 import numpy_reference as ref
 from keras_attention.layers import MultiHeadAttention
+from keras_attention import backend
 from keras_attention import kernels
 from keras_attention.kernels import choice
 from keras_attention.layers import _projection
@@ -633,12 +634,13 @@ def test_uses_fused_path_reports_the_path_taken():
         assert layer.uses_fused_path(**kwargs) is expected
         with kernels.tracing() as taken:
             layer(x, x, **kwargs)
-        # The dropout kernel (torch) forms the weights: not a fused one.
-        fused = [(o, c.kernel not in (choice.EXPLICIT, choice.DROPOUT)) for o, c in taken]
+        fused = [(o, c.kernel != choice.EXPLICIT) for o, c in taken]
         assert fused == [(layer, expected)]
 
     dropout = _mha(dropout=0.5, seed=1)
-    check(dropout, False, training=True)
+    # With dropout in training: fused where the backend's kernel takes
+    # dropout (torch's SDPA), else the explicit kernel.
+    check(dropout, backend.preferences().dropout_kernel, training=True)
     check(dropout, True, training=False)
     check(dropout, False, return_attention_scores=True)
     plain = _mha()

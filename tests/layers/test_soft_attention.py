@@ -427,7 +427,8 @@ def test_dot_product_scorers_take_a_fused_kernel_with_the_same_results(score):
     with kernels.tracing() as taken:
         dropout(x, x, training=True)
         dropout(x, x, training=False)
-    # Training: the explicit kernel, or the backend's dropout kernel (torch).
+    # Training: the explicit kernel, or the backend's fused kernel with
+    # dropout (torch).
     trained = choice.DROPOUT if dot and backend.preferences().dropout_kernel else choice.EXPLICIT
     assert [c.kernel for _, c in taken][0] == trained
     assert (taken[1][1].kernel != choice.EXPLICIT) == dot

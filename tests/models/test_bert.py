@@ -225,8 +225,8 @@ def test_trains_on_keras_hub_preprocessor_outputs_in_tf_data():
 
 def test_training_with_dropout_takes_the_backend_dropout_kernel():
     # With attention dropout (BERT's 0.1) every block's attention runs the
-    # backend's dropout kernel where it has one (torch), else the explicit
-    # kernel; inference stays on the fused kernels.
+    # backend's fused kernel with dropout where it has one (torch), else the
+    # explicit kernel; inference stays on the other fused rows.
     from keras_attention import backend
     from keras_attention import kernels
     from keras_attention.kernels import choice
