@@ -59,7 +59,10 @@ class TranslationPreprocessor(keras_hub.models.Preprocessor):
 
     Args:
         source_tokenizer: a `keras_hub.tokenizers.Tokenizer` of the source
-            language (e.g. a `WordPieceTokenizer`).
+            language (e.g. a `WordPieceTokenizer`). When its `config_file`
+            is the target tokenizer's (KerasHub's `"tokenizer.json"` for
+            both), it is set to `"source_tokenizer.json"` on this object, so
+            that `save_to_preset` writes the two side by side.
         target_tokenizer: a `keras_hub.tokenizers.Tokenizer` of the target
             language, or `None`: `source_tokenizer` for both (one
             vocabulary, as for a model with `share_embeddings=True`).
