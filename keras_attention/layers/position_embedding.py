@@ -15,12 +15,13 @@ from keras_attention._typing import Initializer
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
+from keras_attention.layers.sinusoidal_position_encoding import PositionOutputs
 from keras_attention.layers.sinusoidal_position_encoding import broadcast_rows
 from keras_attention.layers.sinusoidal_position_encoding import check_table_inputs
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class PositionEmbedding(DirectCalls, keras.layers.Layer):
+class PositionEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
     """A learned position table `(sequence_length, D)`, as in GPT and BERT.
 
     The layer holds a trainable table `embeddings` of shape
@@ -122,13 +123,6 @@ class PositionEmbedding(DirectCalls, keras.layers.Layer):
     def position_embeddings(self):
         """The table `embeddings`, under the name KerasHub gives it."""
         return self.embeddings
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def compute_output_spec(self, inputs, start_index=0, positions=None):
-        self._check_inputs(inputs.shape, start_index, positions)
-        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -17,6 +17,7 @@ from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers.sinusoidal_position_encoding import (
+    PositionOutputs,
     check_positive_number,
     check_start_index_and_positions,
     standardize_positions,
@@ -27,7 +28,7 @@ ROPE_TYPES = ("linear", "dynamic", "yarn")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class RotaryEmbedding(DirectCalls, keras.layers.Layer):
+class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
     """Rotary position embedding (RoFormer), applied to queries or keys.
 
     Each head vector `x` at position `pos` is split into `D/2` pairs, and pair
@@ -230,13 +231,6 @@ class RotaryEmbedding(DirectCalls, keras.layers.Layer):
         moved = moved[:1] + [inputs_shape[axes[0]]] + moved[1:] + [inputs_shape[axes[1]]]
         _check_inputs(moved, start_index, positions)
         return tuple(axes)
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def compute_output_spec(self, inputs, start_index=0, positions=None):
-        self._check_inputs(inputs.shape, start_index, positions)
-        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -16,8 +16,21 @@ from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 
 
+class PositionOutputs:
+    """The position layers' output: of the inputs' shape, in the layer's
+    compute dtype, once the layer's `_check_inputs(inputs_shape,
+    start_index, positions)` has passed."""
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, start_index=0, positions=None):
+        self._check_inputs(inputs.shape, start_index, positions)
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
-class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
+class SinusoidalPositionEncoding(DirectCalls, PositionOutputs, keras.layers.Layer):
     """The fixed sinusoidal position table of Vaswani et al. (section 3.5).
 
     For position `pos` and feature pair `i` of a width-`D` model:
@@ -85,12 +98,8 @@ class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
         table = ops.cast(table, self.compute_dtype)
         return broadcast_rows(table, inputs)  # (B, ..., T, D)
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def compute_output_spec(self, inputs, start_index=0, positions=None):
-        check_table_inputs(inputs.shape, start_index, positions)
-        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+    def _check_inputs(self, inputs_shape, start_index, positions):
+        check_table_inputs(inputs_shape, start_index, positions)
 
     def get_config(self):
         config = super().get_config()
