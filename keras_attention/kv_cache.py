@@ -158,7 +158,11 @@ def update(cache, keys, values, index, known_index=None):
     if index is None:
         return (cache,) + read(cache) + (None,)
     new_length = keys.shape[1]
-    if known_index is None and new_length is not None and cache.shape[2] is not None:
+    if known_index is not None:
+        # A Python int where the value is known (eagerly): a backend writes
+        # and masks at a constant offset instead of building index tensors.
+        index = known_index
+    elif new_length is not None and cache.shape[2] is not None:
         index = ops.clip(ops.cast(index, "int32"), 0, cache.shape[2] - new_length)
     cache = write(cache, keys, values, index)
     written = masking.causal_mask(
