@@ -293,6 +293,11 @@ def check_divisible(name, value, divisor_name, divisor):
         )
 
 
+def check_optional_rate(name, value):
+    """`None`, or `value` checked by `check_rate`."""
+    return None if value is None else check_rate(name, value)
+
+
 def check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout):
     """The sizes every Transformer model checks, checked and returned:
     `(num_heads, hidden_dim, intermediate_dim, dropout)`, positive ints with

@@ -127,9 +127,8 @@ class BertEncoder(keras.layers.Layer):
         positive = _validation.check_positive_float
         self.layer_norm_epsilon = positive("layer_norm_epsilon", layer_norm_epsilon)
         self.initializer_range = positive("initializer_range", initializer_range)
-        self.attention_dropout = (
-            None if attention_dropout is None
-            else _validation.check_rate("attention_dropout", attention_dropout)
+        self.attention_dropout = _validation.check_optional_rate(
+            "attention_dropout", attention_dropout
         )
         self.seed = _validation.check_seed("seed", seed)
         dtype = self.dtype_policy

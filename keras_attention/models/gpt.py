@@ -191,9 +191,8 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         self.initializer_range = _validation.check_positive_float(
             "initializer_range", initializer_range
         )
-        self.attention_dropout = (
-            None if attention_dropout is None
-            else _validation.check_rate("attention_dropout", attention_dropout)
+        self.attention_dropout = _validation.check_optional_rate(
+            "attention_dropout", attention_dropout
         )
         self.seed = _validation.check_seed("seed", seed)
 

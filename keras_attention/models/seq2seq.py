@@ -199,9 +199,8 @@ class Seq2SeqTransformer(
         self.pad_token_id = int(pad_token_id)
         self.scale_embeddings = bool(scale_embeddings)
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.attention_dropout = (
-            None if attention_dropout is None
-            else _validation.check_rate("attention_dropout", attention_dropout)
+        self.attention_dropout = _validation.check_optional_rate(
+            "attention_dropout", attention_dropout
         )
         self.seed = _validation.check_seed("seed", seed)
         dtype = self.dtype_policy
