@@ -421,6 +421,7 @@ def test_tokenizers_are_a_translation_preprocessors(data, tokenizer, tmp_path):
     assert loaded.preprocessor.decoder_sequence_length == 16
     texts = ["In the beginning.", "Jesus wept."]
     example = _load("translate").translate(loaded, loaded_tokenizer, texts, "greedy")
+
     def bare(text):
         return text.replace(" ", "").replace("##", "")
 

@@ -16,6 +16,7 @@ from keras_attention.layers._transformer_block import TransformerStack
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerDecoderStack(_block_io.DecoderOutputSpec, TransformerStack):
     """`num_layers` `TransformerDecoderBlock`s, then an optional final norm.
@@ -183,6 +184,7 @@ class TransformerDecoderStack(_block_io.DecoderOutputSpec, TransformerStack):
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerDecoder(

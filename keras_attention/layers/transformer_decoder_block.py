@@ -16,6 +16,7 @@ from keras_attention.layers import _block_io
 from keras_attention.layers._transformer_block import TransformerBlock
 from keras_attention.layers._transformer_block import as_tuple
 
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
     """One decoder layer of "Attention Is All You Need" (section 3.1).

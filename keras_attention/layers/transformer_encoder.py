@@ -13,6 +13,7 @@ from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerEncoderStack(_block_io.EncoderOutputSpec, ChecksOutputPositions, TransformerStack):
     """`num_layers` `TransformerEncoderBlock`s, then an optional final norm.
@@ -106,6 +107,7 @@ class TransformerEncoderStack(_block_io.EncoderOutputSpec, ChecksOutputPositions
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerEncoder(

@@ -14,6 +14,7 @@ from keras_attention.layers._transformer_block import ChecksOutputPositions
 from keras_attention.layers._transformer_block import as_tuple
 from keras_attention.layers._transformer_block import rows_at
 
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TransformerEncoderBlock(_block_io.EncoderOutputSpec, ChecksOutputPositions, TransformerBlock):
     """One encoder layer of "Attention Is All You Need" (section 3.1).

@@ -48,7 +48,6 @@ TOLERANCE = 1e-4
 FORWARD_BATCH = 64
 
 
-
 def _small_gpt(seed=0, **kwargs):
     model = GPT(**{**CONFIG, **kwargs})
     model.build((None, None))

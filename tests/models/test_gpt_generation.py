@@ -30,7 +30,6 @@ LLAMA = dict(
 )
 
 
-
 def _gpt(vocabulary_size, seed=0, cls=GPT, **kwargs):
     model = cls(vocabulary_size, MAX_LENGTH, **{**BLOCKS, **kwargs})
     model.build((None, None))

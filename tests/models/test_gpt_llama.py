@@ -55,7 +55,6 @@ TOLERANCE = 1e-4
 ROWS = 4  # the batch of every reference pass, so JAX compiles it once
 
 
-
 def _llama(seed=0, **kwargs):
     model = GPT(**{**LLAMA, **kwargs})
     model.build((None, None))
