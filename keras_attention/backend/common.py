@@ -35,6 +35,9 @@ class Preferences:
             heads repeated for multi-query attention (one key/value head).
         fuse_projections: whether self-attention's Q, K and V projections
             run as one matmul.
+        fuse_cached_projections: the same for a call that writes a KV cache
+            (a decoding step), where a compiled loop concatenates the kernels
+            once, outside the loop.
         linear_projections: whether projections run as one `linear` (bias
             inside the GEMM) instead of the layer call.
         guard_with_cond: whether the NaN guard recomputes only when the
@@ -66,6 +69,7 @@ class Preferences:
     chunk_long_queries: bool = False
     repeat_single_key_value_head: bool = False
     fuse_projections: bool = False
+    fuse_cached_projections: bool = False
     linear_projections: bool = False
     guard_with_cond: bool = True
     dropout_kernel: bool = False

@@ -12,7 +12,11 @@ attention repeats them itself. Self-attention's Q/K/V as one matmul
 (`fuse_projections`) was faster for the layer alone, but on the path users
 take, a compiled model's `train_on_batch`, the three projections ran
 1.07-1.13x as fast as the one matmul at 128, 512 and 1,024 tokens (interleaved,
-benchmarks/README.md), so it is off here too. Projections run as one
+benchmarks/README.md), so it is off here too; in a decoding step of the
+compiled loop (`fuse_cached_projections`), whose kernels XLA concatenates once
+outside the loop, the one matmul made GPT's greedy decoding 1.3x as fast
+(benchmarks/gpt_speed.py). JAX's loop ran as fast either way, and torch's
+eager step concatenates at every step (1.3x slower). Projections run as one
 `linear` (`linear_projections`) instead of the `EinsumDense` and `Dense`
 calls: the translation model's training step ran 1.12-1.29x as fast that
 way (five interleaved runs), the GPT example's and `MultiHeadAttention`'s
@@ -37,6 +41,7 @@ PREFERENCES = Preferences(
     causal_blocks=2,
     chunk_long_queries=True,
     linear_projections=True,
+    fuse_cached_projections=True,
     repeat_single_key_value_head=True,
     cache_windows=True,
     causal_tiles=True,

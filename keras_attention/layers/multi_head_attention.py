@@ -343,7 +343,9 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
         gate = None
         if self.use_gate:
             gate = _projection.project(self.gate_dense, query)  # (B, T, H, V)
-        q, k, v = self._project_heads(query, value, key, reads_cache)  # (B, T|S, H|G, K)
+        q, k, v = self._project_heads(
+            query, value, key, reads_cache, writes_cache=cache is not None and not reads_cache
+        )  # (B, T|S, H|G, K)
         if self.rotary_embedding is not None:
             start = 0 if cache_update_index is None else cache_update_index
             q = self.rotary_embedding(q, start_index=start)  # (B, T, H, K)
@@ -416,13 +418,16 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
             owner=self,
         )
 
-    def _project_heads(self, query, value, key, reads_cache):
+    def _project_heads(self, query, value, key, reads_cache, writes_cache=False):
         """`q` `(B, T, H, K)`, and `k`, `v` `(B, S, G, K|V)` unless the cache
         is read as it is (then None)."""
         denses = (self.query_dense, self.key_dense, self.value_dense)
+        fuse = self.fuse_projections or (
+            writes_cache and backend.preferences().fuse_cached_projections
+        )
         if (
             self.fused
-            and self.fuse_projections
+            and fuse
             and not reads_cache
             and query is value
             and (key is None or key is value)
