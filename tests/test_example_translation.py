@@ -155,9 +155,10 @@ def test_default_split_of_the_shipped_pairs(data):
     pairs = data.load_pairs()
     assert len(pairs) == 31_025
     short = data.filter_by_length(pairs)
-    assert len(short) == 12_302
+    assert len(short) == 22_410
     train, validation, test = data.split_pairs(short)
-    assert (len(train), len(validation), len(test)) == (11_378, 376, 548)
+    assert (len(train), len(validation), len(test)) == (20_615, 754, 1_041)
+    assert len(data.filter_by_length(pairs, max_words=20)) == 12_302
     books = [{p.book for p in split} for split in (train, validation, test)]
     assert books[1] == set(data.BIBLE_VALIDATION_BOOKS)
     assert books[2] == set(data.BIBLE_TEST_BOOKS)
@@ -180,11 +181,11 @@ def test_tatoeba_split_keeps_an_english_sentence_on_one_side(data):
 
 
 def test_length_filter_counts_words_on_both_sides(data):
-    twenty, twenty_one = " ".join(["w"] * 20), " ".join(["w"] * 21)
+    thirty, thirty_one = " ".join(["w"] * 30), " ".join(["w"] * 31)
     pairs = [
-        data.Pair("1", 1, twenty, twenty),
-        data.Pair("2", 1, twenty_one, "corto"),
-        data.Pair("3", 1, "short", twenty_one),
+        data.Pair("1", 1, thirty, thirty),
+        data.Pair("2", 1, thirty_one, "corto"),
+        data.Pair("3", 1, "short", thirty_one),
         data.Pair("4", 1, "a  b\tc", "x"),
     ]
     assert [p.reference for p in data.filter_by_length(pairs)] == ["1", "4"]
