@@ -109,18 +109,40 @@ def check_stop(stop_token_ids, pad_token_id, vocabulary_size):
     return stop
 
 
+def token_batch(name, ids, vocabulary_size, max_length, limit_name):
+    """`ids` as numpy `(B, L)`: raises unless `L >= 1`, `L <= max_length`
+    (the model's `limit_name`) and every id is one of the vocabulary's."""
+    array = _validation.to_numpy(ids)
+    if array.ndim != 2 or array.shape[1] == 0:
+        raise ValueError(
+            f"`{name}` must have shape (batch, length) with length >= 1. "
+            f"Received: {name} with shape {array.shape}"
+        )
+    _validation.check_token_ids(
+        name, _validation.known_token_ids(name, array), vocabulary_size, max_length, limit_name
+    )
+    return array
+
+
+def check_prompt(model, prompt_ids, prompt_padding_mask):
+    """A causal LM's prompts as numpy `(B, P)`, and their mask or None."""
+    prompt = token_batch(
+        "prompt_ids", prompt_ids, model.vocabulary_size, model.max_sequence_length,
+        "max_sequence_length",
+    )
+    if prompt_padding_mask is not None:
+        prompt_padding_mask = masking.standardize_numpy_mask(
+            prompt_padding_mask, "prompt_padding_mask", prompt.shape
+        )
+    return prompt, prompt_padding_mask
+
+
 def check_source(model, encoder_token_ids, encoder_padding_mask):
     """A translation model's sources as numpy `(B, S)` and their mask: the
     given one, or the positions that are not the model's pad id."""
-    source = _validation.to_numpy(encoder_token_ids)
-    if source.ndim != 2 or source.shape[1] == 0:
-        raise ValueError(
-            "`encoder_token_ids` must have shape (batch, length) with "
-            f"length >= 1. Received: encoder_token_ids with shape {source.shape}"
-        )
-    _validation.check_token_ids(
-        "encoder_token_ids", _validation.known_token_ids("encoder_token_ids", source),
-        model.source_vocabulary_size, model.max_source_length, "max_source_length",
+    source = token_batch(
+        "encoder_token_ids", encoder_token_ids, model.source_vocabulary_size,
+        model.max_source_length, "max_source_length",
     )
     if encoder_padding_mask is None:
         return source, source != model.pad_token_id

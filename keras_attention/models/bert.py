@@ -14,13 +14,14 @@ from keras_attention._typing import Tensor
 from keras_attention.layers._transformer_block import rows_at
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.models import _text
+from keras_attention.models import _text_tasks
 from keras_attention.models import layouts
 from keras_attention.models.bert_encoder import ENCODER_ARGUMENTS
 from keras_attention.models.bert_encoder import BertEncoder
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
+class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Model):
     """BERT pretrained by masking: logits for the tokens at masked positions.
 
     `BertEncoder` (token + learned position + segment embeddings, layer
@@ -209,7 +210,7 @@ class BertMaskedLM(_text.MaskedTextModel, layouts.TensorParallel, keras.Model):
                 in `[1, vocabulary_size]`.
         """
         if _text.is_text(token_ids):
-            return _text.fill_mask_text(self, token_ids, top_k)
+            return _text_tasks.fill_mask_text(self, token_ids, top_k)
         if mask_token_id is None:
             if self.preprocessor is None:
                 raise ValueError(

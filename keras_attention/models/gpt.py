@@ -11,7 +11,6 @@ import keras
 
 from keras_attention import _validation
 from keras_attention import kv_cache
-from keras_attention import masking
 from keras_attention._typing import Activation
 from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
@@ -19,8 +18,10 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
+from keras_attention.models import _generation_args
 from keras_attention.models import _keras_hub
 from keras_attention.models import _text
+from keras_attention.models import _text_tasks
 from keras_attention.models import generation
 from keras_attention.models import layouts
 
@@ -37,7 +38,7 @@ _CONFIG_NAMES = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
+class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
     """A decoder-only Transformer language model (GPT-2 by default, or LLaMA).
 
     token ids -> token embedding + learned position embedding -> dropout ->
@@ -110,7 +111,7 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         padding_mask: optional bool `(B, T)`, `True` for real tokens.
         training: bool, whether dropout is active.
 
-    Text in, text out (`keras_attention.models._text.CausalTextModel`): with a
+    Text in, text out (`keras_attention.models._text_tasks.CausalTextModel`): with a
     KerasHub preprocessor in `model.preprocessor` (`GPT.from_preset` sets
     it), `generate` takes and returns strings. `compile()` without a loss
     compiles the from-logits cross-entropy.
@@ -184,16 +185,10 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         self.num_key_value_heads = num_key_value_heads
         self.use_bias = bool(use_bias)
         self.positions = _validation.check_choice("positions", positions, POSITIONS)
-        self.gated_feedforward = _validation.check_bool(
-            "gated_feedforward", gated_feedforward
-        )
+        self.gated_feedforward = _validation.check_bool("gated_feedforward", gated_feedforward)
         self.tie_weights = _validation.check_bool("tie_weights", tie_weights)
-        self.initializer_range = _validation.check_positive_float(
-            "initializer_range", initializer_range
-        )
-        self.attention_dropout = _validation.check_optional_rate(
-            "attention_dropout", attention_dropout
-        )
+        self.initializer_range = _validation.check_positive_float("initializer_range", initializer_range)
+        self.attention_dropout = _validation.check_optional_rate("attention_dropout", attention_dropout)
         self.seed = _validation.check_seed("seed", seed)
 
         # Embedding block.
@@ -388,7 +383,6 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             max_length: int, KerasHub's meaning: the output's length, prompt
                 included (`max_new_tokens = max_length - P`). For text without
                 either, the preprocessor's `sequence_length`.
-
             num_beams: positive int, the hypotheses beam search keeps per row.
             length_penalty: float; beam hypotheses (and the returned scores)
                 rank by `sum log p / length ** length_penalty`, the sum over
@@ -411,18 +405,14 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
             For text, a string (or a list of strings).
         """
         if _text.is_text(prompt_ids):
-            return _text.generate_text(
+            return _text_tasks.generate_text(
                 self, prompt_ids, max_new_tokens, max_length, sampling=sampling,
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                 stop_token_ids=stop_token_ids,
             )
-        prompt = _validation.to_numpy(prompt_ids)
-        if prompt.ndim != 2 or prompt.shape[1] == 0:
-            raise ValueError(
-                "`prompt_ids` must have shape (batch, length) with length >= 1. "
-                f"Received: prompt_ids with shape {prompt.shape}"
-            )
-        self._check_ids("prompt_ids", _validation.known_token_ids("prompt_ids", prompt))
+        prompt, prompt_padding_mask = _generation_args.check_prompt(
+            self, prompt_ids, prompt_padding_mask
+        )
         max_new_tokens = _text.new_token_count(max_new_tokens, max_length, prompt.shape[1])
         max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
         stop_token_ids = _validation.check_token_id_list(
@@ -431,10 +421,6 @@ class GPT(_text.CausalTextModel, layouts.TensorParallel, keras.Model):
         pad_token_id = _validation.check_token_id(
             "pad_token_id", pad_token_id, self.vocabulary_size
         )
-        if prompt_padding_mask is not None:
-            prompt_padding_mask = masking.standardize_numpy_mask(
-                prompt_padding_mask, "prompt_padding_mask", prompt.shape
-            )
         if not self.built:
             self.build((None, None))
         if self._generator is None:

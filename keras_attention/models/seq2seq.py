@@ -25,6 +25,7 @@ from keras_attention.models import _generation_args
 from keras_attention.models._translation_decoding import TranslationDecoding
 from keras_attention.models import _keras_hub
 from keras_attention.models import _text
+from keras_attention.models import _text_tasks
 from keras_attention.models import layouts
 
 POSITIONS = ("sinusoidal", "learned")
@@ -42,7 +43,7 @@ _CONFIG_NAMES = (
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class Seq2SeqTransformer(
-    _text.TranslationTextModel, TranslationDecoding, layouts.TensorParallel, keras.Model
+    _text_tasks.TranslationTextModel, TranslationDecoding, layouts.TensorParallel, keras.Model
 ):
     """An encoder-decoder Transformer (the paper's base model by default).
 
@@ -113,7 +114,7 @@ class Seq2SeqTransformer(
     Returns:
         Logits `(B, T, V)`: position `t` scores the target token `t + 1`.
 
-    Text in, text out (`keras_attention.models._text.TranslationTextModel`):
+    Text in, text out (`keras_attention.models._text_tasks.TranslationTextModel`):
     with a preprocessor in `model.preprocessor` (`from_preset` sets it),
     `translate("text")` returns the translation as text.
 

@@ -312,12 +312,12 @@ class TranslationPreprocessor(keras_hub.models.Preprocessor):
         Returns:
             A list of strings (a string for one row `(T,)`).
         """
-        ids = _text._numpy(x["decoder_token_ids"]).astype("int32")
+        ids = _text.to_numpy(x["decoder_token_ids"]).astype("int32")
         mask = x.get("decoder_padding_mask")
-        keep = np.ones(ids.shape, bool) if mask is None else _text._numpy(mask).astype(bool)
+        keep = np.ones(ids.shape, bool) if mask is None else _text.to_numpy(mask).astype(bool)
         keep &= ~np.isin(ids, [self.start_token_id, self.end_token_id, self.pad_token_id])
         rows = [row[k].tolist() for row, k in zip(np.atleast_2d(ids), np.atleast_2d(keep))]
-        texts = _text._strings(self.target_tokenizer.detokenize(rows)) if rows else []
+        texts = _text.to_strings(self.target_tokenizer.detokenize(rows)) if rows else []
         return texts[0] if ids.ndim == 1 else texts
 
     def get_config(self) -> dict:
