@@ -15,8 +15,9 @@ take, a compiled model's `train_on_batch`, the three projections ran
 benchmarks/README.md), so it is off here too; in a decoding step of the
 compiled loop (`fuse_cached_projections`), whose kernels XLA concatenates once
 outside the loop, the one matmul made GPT's greedy decoding 1.3x as fast
-(benchmarks/gpt_speed.py). JAX's loop ran as fast either way, and torch's
-eager step concatenates at every step (1.3x slower). Projections run as one
+(the `cpu` preset's sizes, one thread, interleaved; benchmarks/gpt_speed.py
+times the same path). JAX's loop ran as fast either way, and torch's eager
+step concatenates at every step (1.3x slower). Projections run as one
 `linear` (`linear_projections`) instead of the `EinsumDense` and `Dense`
 calls: the translation model's training step ran 1.12-1.29x as fast that
 way (five interleaved runs), the GPT example's and `MultiHeadAttention`'s
