@@ -56,6 +56,7 @@ PREFERENCES = {
         causal_blocks=2,
         chunk_long_queries=True,
         linear_projections=True,
+        fuse_cached_projections=True,
         repeat_single_key_value_head=True,
         cache_windows=True,
         causal_tiles=True,
