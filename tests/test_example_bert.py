@@ -100,7 +100,6 @@ def test_split_holds_out_whole_books(data):
     assert {v.book for v in train} == {1}
     assert {v.book for v in validation} == {6, 45}
     assert {v.book for v in test} == {8, 43}
-    assert [data.testament(v) for v in test] == [0, 1, 1]
     with pytest.raises(ValueError, match=r"cannot both validate and test.*\[43\]"):
         data.split_verses(verses, validation_books=[43], test_books=[8, 43])
     with pytest.raises(ValueError, match=r"book:chapter:verse<TAB>english.*line 2: 'oops'"):
@@ -313,14 +312,33 @@ def test_prepared_data_round_trips_without_wordpiece(data, vocabulary, tmp_path)
         data.load_prepared(tmp_path / "missing")
 
 
-def test_testament_batches(data, vocabulary):
-    verses = [data.Verse("1:1:1", 1, TEXTS[0]), data.Verse("43:1:1", 43, TEXTS[2])]
-    dataset = data.testament_batches(verses, vocabulary, 16, 4)
+def test_word_order_task_shuffles_a_random_half_of_the_verses(data):
+    verses = [data.Verse(f"1:1:{i}", 1, text) for i, text in enumerate(TEXTS[:4] * 5)]
+    verses.append(data.Verse("1:2:1", 1, "amen amen"))  # every order reads as written
+    texts, labels = data.word_order_task(verses, seed=3)
+    assert (texts, labels) == data.word_order_task(verses, seed=3)
+    changed = [text != verse.text for text, verse in zip(texts, verses)]
+    assert labels == [int(not c) for c in changed]
+    assert sum(changed) >= 9  # 10 of the 21 are shuffled, a shuffle rarely reads as written
+    for text, verse in zip(texts, verses):  # the same words, another order
+        assert sorted(text.split(" ")) == sorted(verse.text.split(" "))
+    assert texts[-1] == "amen amen" and labels[-1] == 1
+    # Another seed, another half.
+    assert data.word_order_task(verses, seed=4)[1] != labels
+
+
+def test_word_order_batches(data, vocabulary):
+    texts = [TEXTS[0], "the earth and the heavens the in created beginning god"]
+    dataset = data.word_order_batches(texts, [1, 0], vocabulary, 16, 4)
     assert dataset.options().autotune.enabled is False
     (x, labels), = dataset.as_numpy_iterator()
-    np.testing.assert_array_equal(labels, [0, 1])
+    np.testing.assert_array_equal(labels, [1, 0])
     assert x["token_ids"][0, 0] == data.CLS_ID and not x["segment_ids"].any()
     np.testing.assert_array_equal(x["padding_mask"], x["token_ids"] != data.PAD_ID)
+    # The same tokens in the other order.
+    np.testing.assert_array_equal(np.sort(x["token_ids"][0]), np.sort(x["token_ids"][1]))
+    stream = data.word_order_batches(texts, [1, 0], vocabulary, 16, 4, seed=1)
+    assert len(next(iter(stream))[1]) == 4  # endless: passes repeat
 
 
 # Metrics and baselines.
@@ -391,7 +409,7 @@ def test_tiny_run_pretrains_resumes_fine_tunes_fills_and_draws(tmp_path):
     assert re.search(r"step 3: loss \S+, accuracy \S+, val_loss \S+, val_accuracy", text)
     assert re.search(r"masked accuracy \S+, perplexity \S+; baselines: most frequent token "
                      r"\(.*\) accuracy \S+, unigram perplexity \S+", text)
-    assert re.search(r"testament accuracy: pretrained \S+, from scratch \S+, majority class "
+    assert re.search(r"word-order accuracy: pretrained \S+, from scratch \S+, majority class "
                      r"\S+", text)
     # Each classifier tries every learning rate of the sweep (the tiny
     # preset's 1e-3 and 3e-3) and keeps the one its validation liked best.

@@ -23,8 +23,9 @@
   per batch so that a resumed run sees the same masks): `({"token_ids",
   "segment_ids", "padding_mask", "mask_positions"}, mask_ids, mask_weights)`,
   what `keras_hub.models.BertMaskedLMPreprocessor` makes.
-- `testament_batches`: single verses labelled by their testament (0 Old, 1
-  New), the fine-tuning task.
+- `word_order_task` and `word_order_batches`: the fine-tuning task, single
+  verses labelled by whether their words stand as written (1) or were put in
+  a random order (0).
 """
 
 import collections
@@ -51,7 +52,6 @@ the block number of a plain text) and `text`."""
 # (45). Test: Ruth (8), Esther (17), Ecclesiastes (21), John (43).
 BIBLE_VALIDATION_BOOKS = (6, 45)
 BIBLE_TEST_BOOKS = (8, 17, 21, 43)
-NEW_TESTAMENT_FROM = 40  # Matthew
 # A plain text: 100 consecutive blocks; the 5th and 55th validate, the 10th,
 # 35th, 60th and 85th test.
 NUM_BLOCKS = 100
@@ -137,11 +137,6 @@ def split_verses(verses, validation_books=None, test_books=None):
         index = 1 if verse.book in validation_books else 2 if verse.book in test_books else 0
         splits[index].append(verse)
     return splits
-
-
-def testament(verse):
-    """0 for a verse of the Old Testament, 1 for the New."""
-    return int(verse.book >= NEW_TESTAMENT_FROM)
 
 
 # Tokens.
@@ -516,15 +511,36 @@ def pair_batches(pairs, vocabulary, sequence_length, batch_size, mask_selection_
     )
 
 
-def testament_batches(verses, vocabulary, sequence_length, batch_size, seed=None):
-    """Single verses `[CLS] verse [SEP]` labelled by `testament`: `({"token_ids",
-    "segment_ids", "padding_mask"}, labels)`. With `seed`, an endless stream
-    of shuffled passes; without, one pass in order."""
+def word_order_task(verses, seed):
+    """The fine-tuning task: `(texts, labels)`, one of each per verse, in
+    order. A random half of the verses (drawn from `seed`) have their words
+    (split at spaces, so that punctuation stays with its word) put in a
+    random order, labelled 0; the others stand as written, labelled 1. A
+    shuffle that reads as the verse (repeated words, one word) counts as
+    written. The same words in both classes: a classifier must know the
+    language's word order, which the masked-LM pretraining learns from
+    unlabelled text and a classifier from scratch must learn from the
+    labelled verses alone."""
+    rng = np.random.default_rng(seed)
+    shuffled = set(rng.permutation(len(verses))[: len(verses) // 2].tolist())
+    texts = []
+    for index, verse in enumerate(verses):
+        words = verse.text.split(" ")
+        if index in shuffled:
+            words = [words[i] for i in rng.permutation(len(words))]
+        texts.append(" ".join(words))
+    labels = [int(text == verse.text) for text, verse in zip(texts, verses)]
+    return texts, labels
+
+
+def word_order_batches(texts, labels, vocabulary, sequence_length, batch_size, seed=None):
+    """Single texts `[CLS] text [SEP]` (truncated to `sequence_length`) with
+    their labels: `({"token_ids", "segment_ids", "padding_mask"}, labels)`.
+    With `seed`, an endless stream of shuffled passes; without, one pass in
+    order."""
     import tensorflow as tf
 
     tokenizer = vocabulary.tokenizer  # made eagerly, as in `pair_batches`
-    texts = tf.constant([v.text for v in verses])
-    labels = tf.constant([testament(v) for v in verses], "int32")
     packer = _packer(sequence_length)
 
     def preprocess(text, label):
@@ -533,9 +549,11 @@ def testament_batches(verses, vocabulary, sequence_length, batch_size, seed=None
              "padding_mask": token_ids != PAD_ID}
         return x, label
 
-    dataset = tf.data.Dataset.from_tensor_slices((texts, labels))
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(texts), tf.constant(labels, "int32"))
+    )
     if seed is not None:
-        dataset = dataset.repeat().shuffle(len(verses), seed=seed)
+        dataset = dataset.repeat().shuffle(len(texts), seed=seed)
     return common.without_autotuning(
         dataset.batch(batch_size).map(preprocess).prefetch(tf.data.AUTOTUNE)
     )

@@ -6,9 +6,10 @@ sentence pairs in `tf.data`) -> model (`BertMaskedLM`) -> optimizer (AdamW,
 linear warm-up then cosine decay) -> `model.fit` with a validation loss and
 a checkpoint every `eval_interval` steps -> masked-token accuracy and
 perplexity on the test books beside two baselines (the most frequent token;
-a unigram model) -> fine-tuning `BertClassifier` to tell which testament a
-verse comes from, from the pretrained encoder and from scratch, each with
-the same budget and the learning rate its validation books chose -> a
+a unigram model) -> fine-tuning `BertClassifier` to tell a verse as
+written from one with its words shuffled, from the pretrained encoder and
+from scratch, each with the same budget and the learning rate its
+validation books chose -> a
 fill-mask demo on verses of the test books -> a picture of one layer's
 attention heads.
 
@@ -108,7 +109,8 @@ class Config:
     learning_rate: float = 1e-3
     weight_decay: float = 0.01
     progress_seconds: float = 30.0  # a progress line at least this often
-    # Fine-tuning: which testament a verse comes from. Both classifiers (on
+    # Fine-tuning: is a verse's word order as written, or shuffled
+    # (`data.word_order_task`)? Both classifiers (on
     # the pretrained encoder, and from scratch) get the same budget: at each
     # learning rate of the sweep, at most `finetune_steps` steps, validated
     # on the validation books every `finetune_eval_interval` steps, stopped
@@ -119,9 +121,10 @@ class Config:
     finetune_eval_interval: int = 50
     finetune_patience: int = 3
     finetune_learning_rates: list[float] = dataclasses.field(
-        default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3]
+        default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3]
     )
-    finetune_verses_per_class: int = 2000  # from the training books
+    # Training verses of each class, drawn from the training books.
+    finetune_verses_per_class: int = 2000
     finetune_batch_size: int = 32
     finetune_sequence_length: int = 48  # [CLS] verse [SEP], truncated
     # The picture.
@@ -408,21 +411,18 @@ def evaluate(model, batches, counts):
 # Fine-tuning.
 
 
-def balanced_verses(verses, per_class, seed):
-    """`per_class` verses of each testament (fewer if a testament has
-    fewer), drawn at random."""
-    rng = np.random.default_rng(seed)
-    chosen = []
-    for label in (0, 1):
-        pool = [v for v in verses if data.testament(v) == label]
-        picks = rng.permutation(len(pool))[:per_class]
-        chosen += [pool[i] for i in sorted(picks)]
-    return chosen
+def word_order_split(verses, seed, count=None):
+    """`data.word_order_task` of `count` verses drawn at random (all, in
+    order, without `count`): `(texts, labels)`."""
+    if count is not None and count < len(verses):
+        picks = np.random.default_rng(seed).permutation(len(verses))[:count]
+        verses = [verses[i] for i in sorted(picks)]
+    return data.word_order_task(verses, seed)
 
 
 def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
                distribute_kind=None):
-    """Trains a testament classifier from the encoder of `pretrained` (a
+    """Trains a word-order classifier from the encoder of `pretrained` (a
     `BertMaskedLM`) or from scratch at `learning_rate`: at most
     `finetune_steps` steps, validated every `finetune_eval_interval` steps on
     `splits["validation"]`, stopped after `finetune_patience` checks without
@@ -446,8 +446,8 @@ def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
         ),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
-    batches = data.testament_batches(
-        splits["train"], vocabulary, config.finetune_sequence_length,
+    batches = data.word_order_batches(
+        *splits["train"], vocabulary, config.finetune_sequence_length,
         config.finetune_batch_size, seed=config.seed,
     )
     stopping = keras.callbacks.EarlyStopping(
@@ -469,17 +469,19 @@ def compare_fine_tuning(config, vocabulary, datasets, pretrained, distribute_kin
     keeps the rate with the best validation accuracy, which alone is scored
     on the test books. Returns `{"pretrained": accuracy, "from scratch":
     accuracy, "majority": the majority class's share of the test verses}`."""
-    labels = np.array([data.testament(v) for v in datasets["test"]])
-    majority = max(labels.mean(), 1 - labels.mean())
-    splits = {"train": balanced_verses(
-        datasets["train"], config.finetune_verses_per_class, config.seed
+    splits = {"train": word_order_split(
+        datasets["train"], config.seed, 2 * config.finetune_verses_per_class
     )}
     length, batch_size = config.finetune_sequence_length, config.finetune_batch_size
-    for name in ("validation", "test"):
-        batches = data.testament_batches(datasets[name], vocabulary, length, batch_size)
+    for offset, name in enumerate(("validation", "test"), start=1):
+        texts, labels = word_order_split(datasets[name], config.seed + offset)
+        batches = data.word_order_batches(texts, labels, vocabulary, length, batch_size)
         splits[name] = distribute.even_batches(batches, distribute_kind)
+    written = np.mean(labels)  # the test verses'
+    majority = max(written, 1 - written)
     print(
-        f"fine-tuning: which testament, {len(splits['train'])} training verses (balanced), "
+        f"fine-tuning: is the word order as written or shuffled, "
+        f"{len(splits['train'][0])} training verses (half shuffled), "
         f"{len(datasets['validation'])} validation verses to choose the learning rate and "
         f"stop, {len(labels)} test verses (majority class {majority:.4f})",
         flush=True,
@@ -663,7 +665,7 @@ def _run(args, config, output, checkpoint, start_step, datasets, began):
         return results
     scores = compare_fine_tuning(config, vocabulary, datasets, model, args.distribute)
     print(
-        f"testament accuracy: pretrained {scores['pretrained']:.4f}, from scratch "
+        f"word-order accuracy: pretrained {scores['pretrained']:.4f}, from scratch "
         f"{scores['from scratch']:.4f}, majority class {scores['majority']:.4f}"
     )
 
