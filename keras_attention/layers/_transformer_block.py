@@ -26,6 +26,7 @@ from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.layer_normalization import LayerNormalization
+from keras_attention.layers.layer_normalization import RMSNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 
@@ -210,14 +211,7 @@ class BlockArguments:
 
     def norm(self, name, dtype):
         if self.normalization == "rms_norm":
-            norm = keras.layers.RMSNormalization(
-                epsilon=self.layer_norm_epsilon, dtype=dtype, name=name
-            )
-            # Position-wise, so a padding mask carries over; without this,
-            # Keras warns on every masked call that the norm "destroys the
-            # mask" (LayerNormalization already says it supports masking).
-            norm.supports_masking = True
-            return norm
+            return RMSNormalization(epsilon=self.layer_norm_epsilon, dtype=dtype, name=name)
         return LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=dtype, name=name
         )
