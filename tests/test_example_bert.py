@@ -341,6 +341,33 @@ def test_word_order_batches(data, vocabulary):
     assert len(next(iter(stream))[1]) == 4  # endless: passes repeat
 
 
+@pytest.mark.parametrize(
+    "accuracies, stops_after",
+    [
+        # Flat at the majority class for 4 checks, then above it: patience
+        # (2 checks) runs from there.
+        ([0.5, 0.5, 0.5, 0.5, 0.7, 0.7, 0.7, 0.7], 7),
+        ([0.6, 0.6, 0.6, 0.6], 3),  # above from the start: Keras's rule
+        ([0.5, 0.4, 0.5, 0.5, 0.5, 0.5], None),  # never above: the whole budget
+    ],
+)
+def test_fine_tuning_stops_only_once_above_the_majority_class(train, accuracies, stops_after):
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    stopping = train.StopOnceAboveMajority(
+        0.5, monitor="val_accuracy", mode="max", patience=2, restore_best_weights=True,
+    )
+    stopping.set_model(model)
+    model.stop_training = False  # as `fit` sets it
+    stopping.on_train_begin()
+    stopped = None
+    for epoch, accuracy in enumerate(accuracies, start=1):
+        stopping.on_epoch_end(epoch - 1, {"val_accuracy": accuracy})
+        if model.stop_training:
+            stopped = epoch
+            break
+    assert stopped == stops_after
+
+
 # Metrics and baselines.
 
 

@@ -114,8 +114,8 @@ class Config:
     # the pretrained encoder, and from scratch) get the same budget: at each
     # learning rate of the sweep, at most `finetune_steps` steps, validated
     # on the validation books every `finetune_eval_interval` steps, stopped
-    # when that accuracy has not risen for `finetune_patience` checks, the
-    # best weights kept. Each keeps the rate its validation liked best, and
+    # when that accuracy, once above the majority class's, has not risen for
+    # `finetune_patience` checks, the best weights kept. Each keeps the rate its validation liked best, and
     # only that classifier is scored on the test books.
     finetune_steps: int = 600
     finetune_eval_interval: int = 50
@@ -420,14 +420,32 @@ def word_order_split(verses, seed, count=None):
     return data.word_order_task(verses, seed)
 
 
+class StopOnceAboveMajority(keras.callbacks.EarlyStopping):
+    """Keras's `EarlyStopping` whose patience runs only once the monitored
+    accuracy is above `majority` (the majority class's share): a classifier
+    that has not yet learned more than the majority class (a flat start,
+    common from scratch) trains its whole budget."""
+
+    def __init__(self, majority, **kwargs):
+        super().__init__(**kwargs)
+        self.majority = majority
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.best <= self.majority:
+            self.wait, self.stopped_epoch = 0, 0
+            self.model.stop_training = False
+
+
 def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
                distribute_kind=None):
     """Trains a word-order classifier from the encoder of `pretrained` (a
     `BertMaskedLM`) or from scratch at `learning_rate`: at most
     `finetune_steps` steps, validated every `finetune_eval_interval` steps on
     `splits["validation"]`, stopped after `finetune_patience` checks without
-    a better validation accuracy, ending with the best weights (Keras's
-    `EarlyStopping`). Returns `(classifier, validation accuracy, steps)`."""
+    a better validation accuracy once it is above `splits["majority"]`,
+    ending with the best weights (`StopOnceAboveMajority`). Returns
+    `(classifier, validation accuracy, steps)`."""
     if pretrained is not None:
         classifier = BertClassifier.from_masked_lm(pretrained, num_classes=2, seed=config.seed)
     else:
@@ -450,9 +468,9 @@ def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
         *splits["train"], vocabulary, config.finetune_sequence_length,
         config.finetune_batch_size, seed=config.seed,
     )
-    stopping = keras.callbacks.EarlyStopping(
-        monitor="val_accuracy", mode="max", patience=config.finetune_patience,
-        restore_best_weights=True,
+    stopping = StopOnceAboveMajority(
+        splits["majority"], monitor="val_accuracy", mode="max",
+        patience=config.finetune_patience, restore_best_weights=True,
     )
     interval = config.finetune_eval_interval
     history = classifier.fit(
@@ -473,12 +491,13 @@ def compare_fine_tuning(config, vocabulary, datasets, pretrained, distribute_kin
         datasets["train"], config.seed, 2 * config.finetune_verses_per_class
     )}
     length, batch_size = config.finetune_sequence_length, config.finetune_batch_size
+    shares = {}  # the majority class's share of each split
     for offset, name in enumerate(("validation", "test"), start=1):
         texts, labels = word_order_split(datasets[name], config.seed + offset)
         batches = data.word_order_batches(texts, labels, vocabulary, length, batch_size)
         splits[name] = distribute.even_batches(batches, distribute_kind)
-    written = np.mean(labels)  # the test verses'
-    majority = max(written, 1 - written)
+        shares[name] = max(np.mean(labels), 1 - np.mean(labels))
+    splits["majority"], majority = shares["validation"], shares["test"]
     print(
         f"fine-tuning: is the word order as written or shuffled, "
         f"{len(splits['train'][0])} training verses (half shuffled), "
