@@ -349,12 +349,13 @@ def test_word_order_batches(data, vocabulary):
         ([0.5, 0.5, 0.5, 0.5, 0.7, 0.7, 0.7, 0.7], 7),
         ([0.6, 0.6, 0.6, 0.6], 3),  # above from the start: Keras's rule
         ([0.5, 0.4, 0.5, 0.5, 0.5, 0.5], None),  # never above: the whole budget
+        ([0.5004583, 0.5004583, 0.5004583, 0.5004583], None),  # 546/1091 in float32
     ],
 )
 def test_fine_tuning_stops_only_once_above_the_majority_class(train, accuracies, stops_after):
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     stopping = train.StopOnceAboveMajority(
-        0.5, monitor="val_accuracy", mode="max", patience=2, restore_best_weights=True,
+        546 / 1091 + 1 / 1091, monitor="val_accuracy", mode="max", patience=2, restore_best_weights=True,
     )
     stopping.set_model(model)
     model.stop_training = False  # as `fit` sets it
