@@ -8,9 +8,9 @@ from keras_attention.layers.cached_multi_head_attention import (
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.hard_attention import HardAttention
 from keras_attention.layers.layer_normalization import LayerNormalization
-from keras_attention.layers.layer_normalization import RMSNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.rms_normalization import RMSNormalization
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.layers.sinusoidal_position_encoding import (

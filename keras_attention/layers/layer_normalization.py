@@ -1,5 +1,4 @@
-"""Layer normalization: Keras's layer, computed in the form XLA runs fastest;
-RMS normalization: Keras's layer, called directly while a model decodes."""
+"""Layer normalization: Keras's layer, computed in the form XLA runs fastest."""
 
 import keras
 from keras import ops
@@ -34,17 +33,3 @@ class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
             if output is not None:
                 return ops.cast(output, self.compute_dtype)
         return super().call(inputs)
-
-
-@keras.saving.register_keras_serializable(package="keras_attention")
-class RMSNormalization(DirectCalls, keras.layers.RMSNormalization):
-    """`keras.layers.RMSNormalization`, the same arguments, weights and
-    computation, called through its own `call` while a model decodes eagerly
-    (`layers/_direct_calls.py`), as the package's other layers are: Keras's
-    per-call wrapper costs more than a decoding step's norm on torch.
-    Position-wise, so it carries a padding mask over (Keras's layer warns
-    on every masked call that it "destroys the mask").
-    """
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
