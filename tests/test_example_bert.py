@@ -355,7 +355,8 @@ def test_word_order_batches(data, vocabulary):
 def test_fine_tuning_stops_only_once_above_the_majority_class(train, accuracies, stops_after):
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     stopping = train.StopOnceAboveMajority(
-        546 / 1091 + 1 / 1091, monitor="val_accuracy", mode="max", patience=2, restore_best_weights=True,
+        546 / 1091 + 1 / 1091, monitor="val_accuracy", mode="max", patience=2,
+        restore_best_weights=True,
     )
     stopping.set_model(model)
     model.stop_training = False  # as `fit` sets it

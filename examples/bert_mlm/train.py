@@ -9,9 +9,8 @@ perplexity on the test books beside two baselines (the most frequent token;
 a unigram model) -> fine-tuning `BertClassifier` to tell a verse as
 written from one with its words shuffled, from the pretrained encoder and
 from scratch, each with the same budget and the learning rate its
-validation books chose -> a
-fill-mask demo on verses of the test books -> a picture of one layer's
-attention heads.
+validation books chose -> a fill-mask demo on verses of the test books -> a
+picture of one layer's attention heads.
 
 Usage:
 
@@ -110,13 +109,13 @@ class Config:
     weight_decay: float = 0.01
     progress_seconds: float = 30.0  # a progress line at least this often
     # Fine-tuning: is a verse's word order as written, or shuffled
-    # (`data.word_order_task`)? Both classifiers (on
-    # the pretrained encoder, and from scratch) get the same budget: at each
-    # learning rate of the sweep, at most `finetune_steps` steps, validated
-    # on the validation books every `finetune_eval_interval` steps, stopped
-    # when that accuracy, once above the majority class's, has not risen for
-    # `finetune_patience` checks, the best weights kept. Each keeps the rate its validation liked best, and
-    # only that classifier is scored on the test books.
+    # (`data.word_order_task`)? Both classifiers (on the pretrained encoder,
+    # and from scratch) get the same budget: at each learning rate of the
+    # sweep, at most `finetune_steps` steps, validated on the validation
+    # books every `finetune_eval_interval` steps, stopped when that accuracy,
+    # once above the majority class's, has not risen for `finetune_patience`
+    # checks, the best weights kept. Each keeps the rate its validation liked
+    # best, and only that classifier is scored on the test books.
     finetune_steps: int = 600
     finetune_eval_interval: int = 50
     finetune_patience: int = 3
@@ -422,17 +421,17 @@ def word_order_split(verses, seed, count=None):
 
 class StopOnceAboveMajority(keras.callbacks.EarlyStopping):
     """Keras's `EarlyStopping` whose patience runs only once the monitored
-    accuracy is above `majority` (the majority class's share): a classifier
-    that has not yet learned more than the majority class (a flat start,
-    common from scratch) trains its whole budget."""
+    accuracy is above `floor` (the majority class's share, with a margin): a
+    classifier that has not yet learned more than the majority class (a flat
+    start, common from scratch) trains its whole budget."""
 
-    def __init__(self, majority, **kwargs):
+    def __init__(self, floor, **kwargs):
         super().__init__(**kwargs)
-        self.majority = majority
+        self.floor = floor
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if self.best <= self.majority:
+        if self.best <= self.floor:
             self.wait, self.stopped_epoch = 0, 0
             self.model.stop_training = False
 
@@ -443,8 +442,8 @@ def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
     `BertMaskedLM`) or from scratch at `learning_rate`: at most
     `finetune_steps` steps, validated every `finetune_eval_interval` steps on
     `splits["validation"]`, stopped after `finetune_patience` checks without
-    a better validation accuracy once it is above `splits["majority"]`
-    (the majority class's share of the validation verses and one verse),
+    a better validation accuracy once it is above `splits["floor"]` (the
+    majority class's share of the validation verses and one verse),
     ending with the best weights (`StopOnceAboveMajority`). Returns
     `(classifier, validation accuracy, steps)`."""
     if pretrained is not None:
@@ -470,7 +469,7 @@ def fine_tune(config, vocabulary, splits, learning_rate, pretrained=None,
         config.finetune_batch_size, seed=config.seed,
     )
     stopping = StopOnceAboveMajority(
-        splits["majority"], monitor="val_accuracy", mode="max",
+        splits["floor"], monitor="val_accuracy", mode="max",
         patience=config.finetune_patience, restore_best_weights=True,
     )
     interval = config.finetune_eval_interval
@@ -501,12 +500,12 @@ def compare_fine_tuning(config, vocabulary, datasets, pretrained, distribute_kin
     majority = shares["test"]
     # Above the majority class by at least one validation verse (the metric
     # is float32: the majority's own accuracy can round above its share).
-    splits["majority"] = shares["validation"] + 1 / len(datasets["validation"])
+    splits["floor"] = shares["validation"] + 1 / len(datasets["validation"])
     print(
         f"fine-tuning: is the word order as written or shuffled, "
         f"{len(splits['train'][0])} training verses (half shuffled), "
         f"{len(datasets['validation'])} validation verses to choose the learning rate and "
-        f"stop, {len(labels)} test verses (majority class {majority:.4f})",
+        f"stop, {len(datasets['test'])} test verses (majority class {majority:.4f})",
         flush=True,
     )
     results = {"majority": majority}

@@ -26,8 +26,8 @@ from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.layer_normalization import LayerNormalization
-from keras_attention.layers.rms_normalization import RMSNormalization
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.rms_normalization import RMSNormalization
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 
 
