@@ -130,7 +130,7 @@ def check_head_sizes(key_dim, value_dim):
         )
 
 
-def update(cache, keys, values, index, known_index=None):
+def update(cache, keys, values, index, known_index=None, written_only=False):
     """An attention call's cache, checked by `check_update`: written at
     `index` and read.
 
@@ -141,11 +141,14 @@ def update(cache, keys, values, index, known_index=None):
         index: where to write, or None.
         known_index: the index's value as `check_update` returned it, or
             None where it is not known.
+        written_only: with a known index, no mask: the caller reads only
+            the slots written so far (`written_slots`).
 
     Returns:
         `(cache, keys, values, written)`: the updated cache, all its keys and
         values `(B, L, G, K)`, and the `(T, L)` mask of the slots query `t`
-        may see (`0 .. index + t`), or None when reading only.
+        may see (`0 .. index + t`), or None when reading only or with
+        `written_only` and a known index.
 
     An index whose value is known has been range-checked (`check_index`).
     One that is not (traced) cannot be: it is clipped to `[0, L - T]` before
@@ -165,10 +168,27 @@ def update(cache, keys, values, index, known_index=None):
     elif new_length is not None and cache.shape[2] is not None:
         index = ops.clip(ops.cast(index, "int32"), 0, cache.shape[2] - new_length)
     cache = write(cache, keys, values, index)
+    if written_only and known_index is not None:
+        return (cache,) + read(cache) + (None,)
     written = masking.causal_mask(
         ops.shape(keys)[1], length(cache), query_start=index
     )  # (T, L): causal among the new positions
     return (cache,) + read(cache) + (written,)
+
+
+def check_call(cache, index, query_shape, value_shape, num_heads, head_dim, value_dim):
+    """The checks of an attention call's `cache` (or None) and `index`
+    (`check` and `check_update`); returns the index's value where it is
+    known, else None."""
+    if index is not None and cache is None:
+        raise ValueError(
+            "`cache_update_index` needs a `cache`. Received: "
+            f"cache=None, cache_update_index={index!r}"
+        )
+    if cache is None:
+        return None
+    check(cache, num_heads, head_dim, batch=query_shape[0])
+    return check_update(cache, index, query_shape[1], value_shape[1], value_dim)
 
 
 def check_update(cache, index, query_length, value_length, value_dim):
@@ -195,3 +215,18 @@ def check_update(cache, index, query_length, value_length, value_dim):
             f"{value_length}, cache_update_index={index!r}"
         )
     return known
+
+
+def written_slots(end, *tensors):
+    """Keys, values `(B, L, ...)` and masks `(..., L)` (or None) cut to the
+    slots `0 .. end - 1`.
+
+    Eagerly, where a call's index `i` is known, attending to the `i + T`
+    slots written so far with causal attention aligned bottom-right (query
+    `t` sees keys `0 .. i + t`) is the masked attention over all `L` slots
+    without the mask: its `T x L` mask, the kernel's guards for masked rows
+    and masked non-finite values, and the reads of slots that hold nothing.
+    """
+    keys, values, *masks = tensors
+    masks = [None if mask is None else mask[..., :end] for mask in masks]
+    return (keys[:, :end], values[:, :end], *masks)

@@ -62,10 +62,15 @@ def dense(x, kernel, bias, inputs=1, dtype=None):
 
 def layer_norm(x, gamma, beta, epsilon):
     """Layer normalization over the last axis, `gamma` and `beta` optional
-    `(D,)`, computed in float32 at least and returned in that dtype; or
-    None where the backend's own Keras computation is the faster one (the
-    caller then runs Keras's)."""
+    `(D,)`, computed in float32 at least and returned in that dtype."""
     return _primitive("layer_norm")(x, gamma, beta, epsilon)
+
+
+def rms_norm(x, scale, epsilon):
+    """RMS normalization over the last axis, `scale` optional `(D,)`,
+    computed in float32 at least and returned in that dtype; or None where
+    Keras's computation is the one to run (the caller then runs it)."""
+    return _primitive("rms_norm")(x, scale, epsilon)
 
 
 def gelu(x):

@@ -56,9 +56,27 @@ def _tensor(x):
     return x.value if isinstance(x, keras.Variable) else ops.convert_to_tensor(x)
 
 
+# The norms call the kernels Keras's layers call, `F.layer_norm` and
+# `F.rms_norm`, without the per-call conversions of `keras.ops` around them,
+# which cost more than the kernel on a decoding step's row
+# (benchmarks/gpt_speed.py). At least float32, as Keras computes them.
+
+
 def layer_norm(x, gamma, beta, epsilon):
-    # Keras's layer on torch already calls `F.layer_norm`, one kernel.
-    return None
+    x, gamma, beta = _norm_operands(x, gamma, beta)
+    return F.layer_norm(x, x.shape[-1:], gamma, beta, epsilon)
+
+
+def rms_norm(x, scale, epsilon):
+    x, scale = _norm_operands(x, scale)
+    return F.rms_norm(x, x.shape[-1:], scale, epsilon)
+
+
+def _norm_operands(x, *weights):
+    x = _tensor(x)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    return (x,) + tuple(None if w is None else _tensor(w).to(x.dtype) for w in weights)
 
 
 def gelu(x):

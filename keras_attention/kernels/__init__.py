@@ -91,6 +91,8 @@ def attention(
         from the explicit kernel, else None.
     """
     mask = as_rank4(mask)
+    # Aligned bottom-right, one query sees every key: nothing to mask.
+    causal = causal and query.shape[1] != 1
     scale = None if normalize is not None else scorer.dot_product_scale(key.shape[-1])
     chosen = choose_kernel(
         tuple(query.shape),

@@ -74,13 +74,22 @@ def masked_softmax(scores, mask=None, axis=-1):
     work_dtype = softmax_dtype(out_dtype)
     scores = ops.cast(scores, work_dtype)
     if mask is None:
-        return ops.cast(ops.softmax(scores, axis=axis), out_dtype)
+        return ops.cast(_softmax(scores, axis), out_dtype)
     mask = masking.standardize_mask(mask, "mask", ranks=range(1, 9))
     fill = ops.convert_to_tensor(mask_fill_value(work_dtype), dtype=work_dtype)
     scores = ops.where(mask, scores, fill)
-    weights = ops.softmax(scores, axis=axis)
+    weights = _softmax(scores, axis)
     weights = ops.where(mask, weights, ops.zeros_like(weights))
     return ops.cast(weights, out_dtype)
+
+
+def _softmax(scores, axis):
+    if scores.shape[axis] == 1:
+        # A softmax over one position (one key: eagerly decoding the first
+        # token reads one cache slot) is 1, or NaN for a non-finite score;
+        # Keras's warns that it is likely a mistake.
+        return ops.exp(ops.subtract(scores, scores))
+    return ops.softmax(scores, axis=axis)
 
 
 def nonfinite_positions(key, value):

@@ -11,10 +11,10 @@ from keras_attention.layers._direct_calls import DirectCalls
 @keras.saving.register_keras_serializable(package="keras_attention")
 class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization`, the same arguments, weights and
-    outputs (to float rounding), computed as `(x - mean) / sqrt(variance +
-    epsilon) * gamma + beta` over the last axis where the backend runs that
-    form faster (`backend.layer_norm`: TensorFlow and JAX; on torch Keras's
-    layer already calls `F.layer_norm`).
+    outputs (to float rounding), computed over the last axis by
+    `backend.layer_norm`: as `(x - mean) / sqrt(variance + epsilon) * gamma +
+    beta` on TensorFlow and JAX, and on torch by the kernel Keras's layer
+    calls, `F.layer_norm`, without `keras.ops`' per-call conversions.
 
     Keras folds `gamma` into the inverse deviation and the mean into a
     shift, two tensors of the input's shape that XLA's CPU code writes out
@@ -30,6 +30,7 @@ class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
         axis = [a % len(inputs.shape) for a in self.axis]
         if not self.rms_scaling and axis == last:
             output = backend.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
-            if output is not None:
-                return ops.cast(output, self.compute_dtype)
+            if keras.backend.standardize_dtype(output.dtype) == self.compute_dtype:
+                return output
+            return ops.cast(output, self.compute_dtype)
         return super().call(inputs)

@@ -324,21 +324,11 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
         cache_update_index,
     ):
         """`call` on `(B, T, D)` inputs attended over axis 1."""
-        if cache_update_index is not None and cache is None:
-            raise ValueError(
-                "`cache_update_index` needs a `cache`. Received: "
-                f"cache=None, cache_update_index={cache_update_index!r}"
-            )
-        known_index = None
-        if cache is not None:
-            # Before the rotary embedding reads the index as its start.
-            kv_cache.check(
-                cache, self._kv_heads, self.key_dim, batch=query.shape[0]
-            )
-            known_index = kv_cache.check_update(
-                cache, cache_update_index, query.shape[1], value.shape[1],
-                self._value_dim,
-            )
+        # Before the rotary embedding reads the index as its start.
+        known_index = kv_cache.check_call(
+            cache, cache_update_index, query.shape, value.shape, self._kv_heads, self.key_dim,
+            self._value_dim,
+        )
         reads_cache = cache is not None and cache_update_index is None
         gate = None
         if self.use_gate:
@@ -347,14 +337,18 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
             query, value, key, reads_cache, writes_cache=cache is not None and not reads_cache
         )  # (B, T|S, H|G, K)
         if self.rotary_embedding is not None:
-            start = 0 if cache_update_index is None else cache_update_index
+            # The index's value where it is known: the embedding need not
+            # read it again.
+            start = next(i for i in (known_index, cache_update_index, 0) if i is not None)
             q = self.rotary_embedding(q, start_index=start)  # (B, T, H, K)
             if not reads_cache:
                 k = self.rotary_embedding(k, start_index=start)  # (B, S, G, K)
         written = None  # (T, L): the cache slots each new query may see
+        # Scores and recorded weights keep the cache's length `L`.
+        written_only = not (return_attention_scores or kernels.is_recording())
         if cache is not None:
             cache, k, v, written = kv_cache.update(
-                cache, k, v, cache_update_index, known_index
+                cache, k, v, cache_update_index, known_index, written_only
             )  # k, v: (B, L, G, K)
         mask = masking.compute_attention_mask(
             query,
@@ -369,6 +363,9 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
             mask, written, self._window_mask(q, k, cache_update_index)
         )
         causal = use_causal_mask and cache is None
+        if cache is not None and written_only and known_index is not None:
+            k, v, mask = kv_cache.written_slots(known_index + q.shape[1], k, v, mask)
+            causal = True
         if type(self)._compute_attention is MultiHeadAttention._compute_attention:
             output, scores = self._attend(
                 q, k, v, mask, causal, cache is not None, return_attention_scores, training

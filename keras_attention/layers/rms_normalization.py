@@ -1,7 +1,10 @@
 """RMS normalization: Keras's layer, called directly while a model decodes."""
 
 import keras
+from keras import ops
 
+from keras_attention import backend
+from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls
 
 
@@ -12,8 +15,19 @@ class RMSNormalization(DirectCalls, keras.layers.RMSNormalization):
     (`layers/_direct_calls.py`), as the package's other layers are: Keras's
     per-call wrapper costs more than a decoding step's norm on torch.
     Position-wise, so it carries a padding mask over (Keras's layer warns
-    on every masked call that it "destroys the mask").
+    on every masked call that it "destroys the mask"). Over the last axis
+    the backend's `rms_norm` runs it where it has one (torch: Keras's
+    kernel without the per-call conversions around it).
     """
+
+    def call(self, x: Tensor):
+        if list(self.axis) == [len(x.shape) - 1] or list(self.axis) == [-1]:
+            output = backend.rms_norm(x, self.scale, self.epsilon)
+            if output is not None:
+                if keras.backend.standardize_dtype(output.dtype) == self.compute_dtype:
+                    return output
+                return ops.cast(output, self.compute_dtype)
+        return super().call(x)
 
     def compute_mask(self, inputs, mask=None):
         return mask

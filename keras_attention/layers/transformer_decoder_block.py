@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention import _validation
 from keras_attention import kv_cache
+from keras_attention import masking
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
 from keras_attention.layers import _block_io
@@ -171,7 +172,7 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
             decoder_sequence, decoder_padding_mask, encoder_sequence, encoder_padding_mask
         )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
-        batch = ops.shape(decoder_sequence)[0]
+        batch = decoder_sequence.shape[0] or ops.shape(decoder_sequence)[0]
 
         # Self attention block.
         def self_attend(x):
@@ -184,15 +185,16 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
             if self_attention_cache is None:
                 kwargs.update(value_mask=decoder_padding_mask, use_causal_mask=use_causal_mask)
             else:
-                # The new positions' padding says nothing about the cache's
-                # earlier slots; all-True also keeps Keras from filling in the
-                # (T,) mask of `x` for the (L,) cache.
-                length = kv_cache.length(self_attention_cache)
                 kwargs.update(
-                    value_mask=ops.ones((batch, length), "bool"),
                     cache=self_attention_cache,
                     cache_update_index=self_attention_cache_update_index,
                 )
+                if masking.implicit_mask(x) is not None:
+                    # The new positions' padding says nothing about the
+                    # cache's earlier slots; all-True keeps Keras from filling
+                    # in the (T,) mask of `x` for the (L,) cache.
+                    length = kv_cache.length(self_attention_cache)
+                    kwargs.update(value_mask=ops.ones((batch, length), "bool"))
             return as_tuple(self.self_attention(x, x, **kwargs))
 
         x, self_extra = self._sublayer(
@@ -232,7 +234,9 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
                         cache, update, cross_attention_cache_update_index
                     )
                 value_mask = encoder_padding_mask
-                if value_mask is None:
+                if value_mask is None and masking.implicit_mask(x) is not None:
+                    # Keeps Keras from filling in the (T,) mask of `x`, the
+                    # placeholder value, for the (S,) cache.
                     value_mask = ops.ones((batch, kv_cache.length(cache)), "bool")
                 outputs = self.cross_attention(
                     x, x, value_mask=value_mask, cache=cache, **kwargs

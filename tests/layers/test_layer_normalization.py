@@ -11,6 +11,7 @@ import pytest
 import harness
 from keras_attention import backend
 from keras_attention.layers import LayerNormalization
+from keras_attention.layers import RMSNormalization
 
 BACKEND = keras.backend.backend()
 
@@ -81,17 +82,18 @@ def test_gradients_equal_keras():
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_backend_form_runs_where_declared():
-    """TensorFlow and JAX compute the centered form; torch hands the call to
-    Keras's layer (`F.layer_norm`)."""
+@pytest.mark.parametrize("weights", [False, True])
+def test_backend_primitive_against_numpy(weights):
+    """Every backend's `layer_norm` (TensorFlow and JAX the centered form,
+    torch `F.layer_norm`), with and without `gamma` and `beta`."""
     x = keras.ops.convert_to_tensor(_normal((2, 8), 3))
-    direct = backend.layer_norm(x, None, None, 1e-3)
-    assert (direct is None) == (BACKEND == "torch")
-    if direct is not None:
-        np.testing.assert_allclose(
-            harness.to_numpy(direct), _reference(harness.to_numpy(x), None, None, 1e-3),
-            rtol=1e-5, atol=1e-5,
-        )
+    gamma = _normal((8,), 4) if weights else None
+    beta = _normal((8,), 5) if weights else None
+    direct = backend.layer_norm(x, gamma, beta, 1e-3)
+    np.testing.assert_allclose(
+        harness.to_numpy(direct), _reference(harness.to_numpy(x), gamma, beta, 1e-3),
+        rtol=1e-5, atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
@@ -129,3 +131,49 @@ def test_config_round_trip_and_keras_weights():
     # Weights move between the two layers as they are.
     assert [w.shape for w in ours.weights] == [w.shape for w in keras_layer.weights]
     assert isinstance(ours, keras.layers.LayerNormalization)
+
+
+def _rms_reference(x, scale, epsilon):
+    x = x.astype("float64")
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + epsilon) * scale
+
+
+def test_rms_primitive_against_numpy():
+    """Torch computes RMS normalization in `F.rms_norm` directly; the other
+    backends leave it to Keras's computation (None)."""
+    x = keras.ops.convert_to_tensor(_normal((2, 3, 8), 6))
+    scale = _normal((8,), 7)
+    direct = backend.rms_norm(x, scale, 1e-6)
+    if BACKEND != "torch":
+        assert direct is None
+        return
+    np.testing.assert_allclose(
+        harness.to_numpy(direct), _rms_reference(harness.to_numpy(x), scale, 1e-6),
+        rtol=1e-5, atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_rms_normalization_equals_keras_layer(policy):
+    shape = (2, 4, 16)
+    ours = RMSNormalization(epsilon=1e-6, dtype=policy)
+    theirs = keras.layers.RMSNormalization(epsilon=1e-6, dtype=policy)
+    for layer in (ours, theirs):
+        layer.build(shape)
+    scale = _normal((16,), 8)
+    ours.set_weights([scale])
+    theirs.set_weights([scale])
+    x = keras.ops.cast(_normal(shape, 9, shift=2.0), ours.compute_dtype)
+    got = ours(x)
+    assert keras.backend.standardize_dtype(got.dtype) == ours.compute_dtype
+    tolerance = {"float32": 1e-5, "mixed_float16": 3e-3, "mixed_bfloat16": 2e-2}[policy]
+    np.testing.assert_allclose(
+        harness.to_numpy(keras.ops.cast(got, "float32")),
+        harness.to_numpy(keras.ops.cast(theirs(x), "float32")),
+        rtol=tolerance, atol=tolerance,
+    )
+    if policy == "float32":
+        np.testing.assert_allclose(
+            harness.to_numpy(got), _rms_reference(harness.to_numpy(x), scale, 1e-6),
+            rtol=1e-5, atol=1e-5,
+        )

@@ -1491,6 +1491,50 @@ def test_sliding_window_aligns_bottom_right_and_caches():
     np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("masks", ["none", "value_mask", "attention_mask", "window"])
+@pytest.mark.parametrize("start, length", [(0, 1), (0, 3), (4, 1), (3, 2)])
+def test_eager_cached_call_reads_the_written_slots_as_the_masked_cache(masks, start, length):
+    """With its index known (eagerly), a cached call reads only the slots
+    written so far, causally; with the scores returned it reads the whole
+    cache through a mask. Both give the full pass's rows, with the same
+    masks, and unwritten slots (NaN here) never reach them."""
+    max_length = 8
+    x = _normal((B, max_length, DQ), seed=3)
+    layer = _built(_mha(num_key_value_heads=2, sliding_window=3 if masks == "window" else None),
+                   x, x)
+    rng = np.random.default_rng(4)
+    kwargs, full_kwargs = {}, {}
+    if masks == "value_mask":
+        value_mask = np.ones((B, max_length), bool)
+        value_mask[0, 1] = value_mask[1, 0] = False
+        kwargs = dict(value_mask=value_mask)
+        full_kwargs = dict(value_mask=value_mask)
+    if masks == "attention_mask":
+        full_mask = rng.random((B, max_length, max_length)) < 0.6
+        full_mask |= np.eye(max_length, dtype=bool)[None]
+        kwargs = dict(attention_mask=full_mask[:, start:start + length])
+        full_kwargs = dict(attention_mask=full_mask)
+    full = _call(layer, x, x, use_causal_mask=True, **full_kwargs)
+    cache = _empty_cache(layer, max_length, np.nan)
+    if start:
+        _, cache = layer(x[:, :start], x[:, :start], cache=cache, cache_update_index=0)
+    chunk = x[:, start:start + length]
+    output, written = layer(chunk, chunk, cache=cache, cache_update_index=start, **kwargs)
+    masked, _, masked_cache = layer(
+        chunk, chunk, cache=cache, cache_update_index=start, return_attention_scores=True,
+        **kwargs,
+    )
+    output, masked = harness.to_numpy(output), harness.to_numpy(masked)
+    assert np.all(np.isfinite(output))
+    np.testing.assert_allclose(output, masked, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(output, full[:, start:start + length], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(harness.to_numpy(written), harness.to_numpy(masked_cache))
+    # The masks are checked against the whole cache before any is cut.
+    with pytest.raises(ValueError, match=r"value_mask"):
+        layer(chunk, chunk, cache=cache, cache_update_index=start,
+              value_mask=np.ones((B, max_length - 1), bool))
+
+
 def test_attention_axes_attend_within_slices():
     # attention_axes=2 on (B, N, T, D): each n is an independent sequence;
     # attention_axes=(1, 2) is attention over the flattened N * T positions.

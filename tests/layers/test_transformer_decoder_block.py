@@ -506,6 +506,48 @@ def test_cached_decoding_equals_full_pass(case, kwargs):
         )
 
 
+def test_cached_steps_on_a_keras_masked_sequence():
+    """A cached step whose input carries a Keras mask (a `mask_zero`
+    embedding's) masks its queries, as the explicit padding mask does, and
+    none of the caches' slots: Keras's wrapper must not read the `(B, T)`
+    mask of the new positions as one over a cache's `L` slots."""
+    block = _built()
+    _, encoder = _inputs()
+    embedding = keras.layers.Embedding(10, D, mask_zero=True)
+    embedding.build((None, None))
+    embedding.set_weights([normal((10, D), seed=5)])
+    tokens = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 0]], "int32")
+    x = embedding(tokens)
+    assert x._keras_mask is not None  # the step's input carries the mask
+    plain = harness.to_numpy(embedding(tokens))
+    max_length = T + 2
+
+    def steps(x, **kwargs):
+        _, self_cache, cross_cache = block(
+            x[:, :3], encoder,
+            self_attention_cache=ops.zeros((B, 2, max_length, H, D // H)),
+            self_attention_cache_update_index=0,
+            cross_attention_cache=ops.zeros((B, 2, S, H, D // H)),
+            cross_attention_cache_update_index=0,
+            **{k: v[:, :3] for k, v in kwargs.items()},
+        )
+        tail = x[:, 3:]
+        if hasattr(x, "_keras_mask"):
+            tail._keras_mask = x._keras_mask[:, 3:]
+        output, _, _ = block(
+            tail,
+            self_attention_cache=self_cache, self_attention_cache_update_index=3,
+            cross_attention_cache=cross_cache,
+            **{k: v[:, 3:] for k, v in kwargs.items()},
+        )
+        return harness.to_numpy(output)
+
+    expected = steps(ops.convert_to_tensor(plain), decoder_padding_mask=tokens != 0)
+    np.testing.assert_allclose(steps(x), expected, rtol=1e-6, atol=1e-6)
+    full = harness.to_numpy(block(plain, encoder, decoder_padding_mask=tokens != 0))
+    np.testing.assert_allclose(expected, full[:, 3:], rtol=1e-5, atol=1e-5)
+
+
 def test_cached_step_returns_weights_over_the_cache():
     block = _built()
     x, encoder = _inputs()
