@@ -77,3 +77,24 @@ def test_a_stack_call_with_an_unknown_argument_is_a_type_error():
 def test_a_model_with_an_unknown_argument_is_a_type_error():
     with pytest.raises(TypeError, match=r"BertMaskedLM.__init__\(\): missing a required"):
         BertMaskedLM(50, num_layers=1)
+
+
+def test_shared_docstring_pieces_are_filled_in_at_any_indentation():
+    from keras_attention import _docs
+
+    text = "Head.\n\n    Call arguments:\n        {position_call_arguments}\n    {unknown}\n"
+    filled = _docs.fill(text)
+    assert "        start_index: int" in filled
+    assert "            each element. Overrides `start_index`." in filled
+    assert "{unknown}" in filled  # not a piece: left as it is
+
+
+def test_public_docstrings_hold_no_unfilled_piece():
+    import keras_attention
+    from keras_attention import _docs
+
+    for module in (keras_attention.layers, keras_attention.models, keras_attention.scoring):
+        for name in module.__all__:
+            doc = getattr(getattr(module, name), "__doc__", None) or ""
+            for piece in _docs.PIECES:
+                assert "{" + piece + "}" not in doc, (name, piece)

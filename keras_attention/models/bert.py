@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _signatures
 from keras_attention._typing import Tensor
 from keras_attention.layers._transformer_block import rows_at
@@ -22,6 +23,7 @@ from keras_attention.models.bert_encoder import BertEncoder
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Model):
     """BERT pretrained by masking: logits for the tokens at masked positions.
 
@@ -64,11 +66,7 @@ class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Mo
             1e-12); the head's norm uses KerasHub's 1e-5.
         initializer_range: positive float, the standard deviation of the
             truncated normal initializer (BERT: 0.02).
-        attention_dropout: optional float in [0, 1), the dropout on the
-            attention weights alone (None: `dropout`). 0 keeps training on
-            the fused attention kernels where the backend's fused kernel
-            takes no dropout (JAX, TensorFlow; torch's takes it).
-        seed: optional int, the seed of the dropout layers.
+        {model_attention_dropout_and_seed}
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import Activation
 from keras_attention._typing import Tensor
@@ -42,6 +43,7 @@ _CONFIG_NAMES = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class Seq2SeqTransformer(
     _text_tasks.TranslationTextModel, TranslationDecoding, layouts.TensorParallel, keras.Model
 ):
@@ -96,11 +98,7 @@ class Seq2SeqTransformer(
         scale_embeddings: bool, multiply token embeddings by `sqrt(D)`
             (paper: True; BART: False).
         layer_norm_epsilon: positive float.
-        attention_dropout: optional float in [0, 1), the dropout on the
-            attention weights alone (None: `dropout`). 0 keeps training on
-            the fused attention kernels where the backend's fused kernel
-            takes no dropout (JAX, TensorFlow; torch's takes it).
-        seed: optional int, the seed of the dropout layers.
+        {model_attention_dropout_and_seed}
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:
