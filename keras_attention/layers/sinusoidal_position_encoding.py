@@ -172,12 +172,7 @@ def check_start_index_and_positions(inputs_shape, start_index, positions, sequen
 
 def check_positive_number(name, value):
     """Returns `value` if it is a positive real number, else raises."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not np.isfinite(value)
-        or value <= 0
-    ):
+    if not _validation.is_positive_number(value):
         raise ValueError(
             f"`{name}` must be a positive number. Received: {name}={value!r}"
         )
