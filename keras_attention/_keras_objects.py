@@ -42,3 +42,11 @@ def copy_initializer(initializer):
     if isinstance(initializer, keras.initializers.Initializer):
         return initializer.__class__.from_config(initializer.get_config())
     return initializer
+
+
+def add_scalar_state(owner, name, dtype):
+    """A non-trainable scalar weight of `owner` named `name`, starting at 0:
+    a step counter or a running value, saved and restored with the weights."""
+    return owner.add_weight(
+        name=name, shape=(), dtype=dtype, initializer="zeros", trainable=False
+    )

@@ -165,24 +165,28 @@ def check_output_shape(output_shape):
     output's trailing dimensions), as a tuple; else raises."""
     if output_shape is None:
         return None
-    # The message reports the value received, before it is made a tuple.
-    shape = output_shape
-    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
-        shape = (shape,)
-    if (
-        not isinstance(shape, (tuple, list))
-        or not shape
-        or any(
-            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d <= 0
-            for d in shape
-        )
-    ):
+    shape = _int_tuple(output_shape)
+    if shape is None or any(d <= 0 for d in shape):
         raise ValueError(
             "Invalid `output_shape`: `output_shape` must be None, a positive "
             "int or a tuple of positive ints. "
             f"Received: output_shape={output_shape!r}"
         )
-    return tuple(int(d) for d in shape)
+    return shape
+
+
+def _int_tuple(value):
+    """`value`, an int or a non-empty list or tuple of ints, as a tuple of
+    Python ints; `None` for anything else (bools are not ints here). The
+    caller's message reports the value it received."""
+    items = (value,) if isinstance(value, numbers.Integral) else value
+    if (
+        not isinstance(items, (tuple, list))
+        or not items
+        or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in items)
+    ):
+        return None
+    return tuple(int(i) for i in items)
 
 
 def check_attention_axes(attention_axes):
@@ -191,20 +195,13 @@ def check_attention_axes(attention_axes):
     when it is known (`normalize_attention_axes`)."""
     if attention_axes is None:
         return None
-    axes = attention_axes
-    if isinstance(axes, numbers.Integral) and not isinstance(axes, bool):
-        axes = (axes,)
-    if (
-        not isinstance(axes, (tuple, list))
-        or not axes
-        or any(isinstance(a, bool) or not isinstance(a, numbers.Integral) for a in axes)
-        or len(set(int(a) for a in axes)) != len(axes)
-    ):
+    axes = _int_tuple(attention_axes)
+    if axes is None or len(set(axes)) != len(axes):
         raise ValueError(
             "`attention_axes` must be None, an int, or a non-empty list or "
             f"tuple of distinct ints. Received: attention_axes={attention_axes!r}"
         )
-    return tuple(int(a) for a in axes)
+    return axes
 
 
 def normalize_attention_axes(attention_axes, rank):
@@ -389,6 +386,16 @@ def check_positions(name, positions, length, sequence_name):
             f"`{name}` must hold positions in [0, {length}), the length of "
             f"`{sequence_name}`. Received: a position {int(bad)}"
         )
+
+
+def is_positive_number(value):
+    """Whether `value` is a finite real number above 0 (a bool is not)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Real)
+        and bool(np.isfinite(value))
+        and value > 0
+    )
 
 
 def check_positive_float(name, value):

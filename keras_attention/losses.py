@@ -32,6 +32,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention._typing import Tensor
 
@@ -196,20 +197,8 @@ class ReinforceModel(keras.Model):
         self.entropy_weight = _check_entropy_weight(entropy_weight)
         self.baseline_decay = _validation.check_rate("baseline_decay", baseline_decay)
         self.reward = reward
-        self.baseline = self.add_weight(
-            name="baseline",
-            shape=(),
-            dtype="float32",
-            initializer="zeros",
-            trainable=False,
-        )
-        self.baseline_updates = self.add_weight(
-            name="baseline_updates",
-            shape=(),
-            dtype="int32",
-            initializer="zeros",
-            trainable=False,
-        )
+        self.baseline = _keras_objects.add_scalar_state(self, "baseline", "float32")
+        self.baseline_updates = _keras_objects.add_scalar_state(self, "baseline_updates", "int32")
         if model.built:
             # Nothing of its own to build: no input shapes to record, so a
             # reloaded model is not rebuilt from them.
@@ -314,11 +303,8 @@ class ReinforceModel(keras.Model):
             "model": keras.saving.serialize_keras_object(self.model),
             "entropy_weight": self.entropy_weight,
             "baseline_decay": self.baseline_decay,
-            "reward": (
-                None
-                if self.reward is None
-                else keras.saving.serialize_keras_object(self.reward)
-            ),
+            # None serializes as None.
+            "reward": keras.saving.serialize_keras_object(self.reward),
         }
 
     @classmethod

@@ -69,4 +69,7 @@ def test_docs_build_with_warnings_as_errors(tmp_path):
     assert 'id="keras_attention.layers.MultiHeadAttention"' in layers
     # The docstrings' `>>>` examples render as code (docs/_doctest_blocks.py).
     assert '<span class="gp">&gt;&gt;&gt; </span>' in layers and "<blockquote>" not in layers
+    # The docstrings' shared pieces (keras_attention/_docs.py) are filled in.
+    assert "{position_call_arguments}" not in layers and "{position_table_call_arguments}" not in layers
+    assert "Overrides <code>start_index</code>" in layers
     assert (tmp_path / "site" / "guide" / "index.html").exists()

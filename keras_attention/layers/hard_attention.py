@@ -9,13 +9,13 @@ turns the scores into a one-hot selection (plus, in training, the surrogate
 that carries the gradient of the chosen estimator).
 """
 
-import numbers
 from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention import ops as attention_ops
 from keras_attention import scoring
@@ -206,13 +206,7 @@ class HardAttention(SingleHeadAttention):
         if isinstance(self.temperature, _Schedule):
             # The step at which the temperature schedule is read; saved with
             # the model so that a resumed training continues the annealing.
-            self.iterations = self.add_weight(
-                name="iterations",
-                shape=(),
-                dtype="int32",
-                initializer="zeros",
-                trainable=False,
-            )
+            self.iterations = _keras_objects.add_scalar_state(self, "iterations", "int32")
         self.built = True
 
     def call(
@@ -398,12 +392,7 @@ def _check_temperature(temperature):
         temperature = keras.saving.deserialize_keras_object(temperature)
     if isinstance(temperature, _Schedule):
         return temperature
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, numbers.Real)
-        or not np.isfinite(temperature)
-        or temperature <= 0
-    ):
+    if not _validation.is_positive_number(temperature):
         raise ValueError(
             "`temperature` must be a positive float or a "
             "`keras.optimizers.schedules.LearningRateSchedule`. Received: "

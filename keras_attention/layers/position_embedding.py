@@ -10,6 +10,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import Initializer
 from keras_attention._typing import IntOrTensor
@@ -21,6 +22,7 @@ from keras_attention.layers.sinusoidal_position_encoding import check_table_inpu
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class PositionEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
     """A learned position table `(sequence_length, D)`, as in GPT and BERT.
 
@@ -51,12 +53,7 @@ class PositionEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(B, T, D)` (or `(B, ..., T, D)`), only its shape is read.
-        start_index: int or scalar int tensor, the position of the first
-            element (for cached decoding, also inside `ops.while_loop`).
-            Defaults to 0.
-        positions: optional integer tensor `(T,)` or `(B, T)`, the position of
-            each element. Overrides `start_index`.
+        {position_table_call_arguments}
 
     Returns:
         The position embedding, of the inputs' shape.

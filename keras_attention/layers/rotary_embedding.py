@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
@@ -28,6 +29,7 @@ ROPE_TYPES = ("linear", "dynamic", "yarn")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
     """Rotary position embedding (RoFormer), applied to queries or keys.
 
@@ -84,11 +86,7 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
     Call arguments:
         inputs: queries or keys of rank 3 or more, batch on axis 0:
             `(B, T, H, D)` or `(B, T, D)` with the default axes.
-        start_index: int or scalar int tensor, the position of the first
-            element (for cached decoding, also inside `ops.while_loop`).
-            Defaults to 0.
-        positions: optional integer tensor `(T,)` or `(B, T)`, the position of
-            each element. Overrides `start_index`.
+        {position_call_arguments}
 
     Returns:
         The rotated inputs, of the inputs' shape.

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
@@ -30,6 +31,7 @@ class PositionOutputs:
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class SinusoidalPositionEncoding(DirectCalls, PositionOutputs, keras.layers.Layer):
     """The fixed sinusoidal position table of Vaswani et al. (section 3.5).
 
@@ -59,12 +61,7 @@ class SinusoidalPositionEncoding(DirectCalls, PositionOutputs, keras.layers.Laye
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(B, T, D)` (or `(B, ..., T, D)`), only its shape is read.
-        start_index: int or scalar int tensor, the position of the first
-            element (for cached decoding, also inside `ops.while_loop`).
-            Defaults to 0.
-        positions: optional integer tensor `(T,)` or `(B, T)`, the position of
-            each element. Overrides `start_index`.
+        {position_table_call_arguments}
 
     Returns:
         The position encoding, of the inputs' shape.
@@ -175,12 +172,7 @@ def check_start_index_and_positions(inputs_shape, start_index, positions, sequen
 
 def check_positive_number(name, value):
     """Returns `value` if it is a positive real number, else raises."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not np.isfinite(value)
-        or value <= 0
-    ):
+    if not _validation.is_positive_number(value):
         raise ValueError(
             f"`{name}` must be a positive number. Received: {name}={value!r}"
         )

@@ -243,10 +243,9 @@ class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
                 "embedding_dim": self.embedding_dim,
                 "mask_zero": self.mask_zero,
                 "tie_weights": self.tie_weights,
-                "position_initializer": (
-                    None
-                    if self.position_initializer is None
-                    else keras.initializers.serialize(self.position_initializer)
+                # None serializes as None.
+                "position_initializer": keras.initializers.serialize(
+                    self.position_initializer
                 ),
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer

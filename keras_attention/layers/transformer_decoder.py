@@ -7,9 +7,8 @@ blocks.
 
 import keras
 
+from keras_attention import _signatures
 from keras_attention import kv_cache
-from keras_attention._typing import IntOrTensor
-from keras_attention._typing import Tensor
 from keras_attention.layers import _block_io
 from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
@@ -73,22 +72,19 @@ class TransformerDecoderStack(_block_io.DecoderOutputSpec, TransformerStack):
         self._build_blocks(decoder_sequence_shape, encoder_sequence_shape)
         self.built = True
 
+    @_signatures.takes_arguments_of(TransformerDecoderBlock.call)
     def call(
         self,
-        decoder_sequence: Tensor,
-        encoder_sequence: Tensor | None = None,
-        decoder_padding_mask: Tensor | None = None,
-        decoder_attention_mask: Tensor | None = None,
-        encoder_padding_mask: Tensor | None = None,
-        encoder_attention_mask: Tensor | None = None,
-        self_attention_cache: Tensor | None = None,
-        self_attention_cache_update_index: IntOrTensor | None = None,
-        cross_attention_cache: Tensor | None = None,
-        cross_attention_cache_update_index: IntOrTensor | None = None,
-        use_causal_mask: bool = True,
-        training: bool | None = None,
-        return_attention_scores: bool = False,
+        decoder_sequence,
+        encoder_sequence,
+        decoder_padding_mask,
+        encoder_padding_mask,
+        self_attention_cache,
+        cross_attention_cache,
+        return_attention_scores,
+        **block_arguments,
     ):
+        # `block_arguments`: the other call arguments, the same for every block.
         self._check_inputs("decoder_sequence", decoder_sequence.shape)
         for name, cache in (
             ("self_attention_cache", self_attention_cache),
@@ -109,20 +105,15 @@ class TransformerDecoderStack(_block_io.DecoderOutputSpec, TransformerStack):
                     x,
                     encoder_sequence,
                     decoder_padding_mask=decoder_padding_mask,
-                    decoder_attention_mask=decoder_attention_mask,
                     encoder_padding_mask=encoder_padding_mask,
-                    encoder_attention_mask=encoder_attention_mask,
                     self_attention_cache=None
                     if self_attention_cache is None
                     else kv_cache.layer_cache(self_attention_cache, i),
-                    self_attention_cache_update_index=self_attention_cache_update_index,
                     cross_attention_cache=None
                     if cross_attention_cache is None
                     else kv_cache.layer_cache(cross_attention_cache, i),
-                    cross_attention_cache_update_index=cross_attention_cache_update_index,
-                    use_causal_mask=use_causal_mask,
-                    training=training,
                     return_attention_scores=return_attention_scores,
+                    **block_arguments,
                 )
             )
             x, rest = outputs[0], list(outputs[1:])

@@ -5,7 +5,7 @@ Shape legend: `B` batch, `T` length, `D` model width, `H` heads, `N` blocks.
 
 import keras
 
-from keras_attention._typing import Tensor
+from keras_attention import _signatures
 from keras_attention.layers import _block_io
 from keras_attention.layers._keras_interop import KerasHubBlockName
 from keras_attention.layers._transformer_block import TransformerStack
@@ -72,14 +72,15 @@ class TransformerEncoderStack(_block_io.EncoderOutputSpec, ChecksOutputPositions
         self._build_blocks(inputs_shape)
         self.built = True
 
+    @_signatures.takes_arguments_of(TransformerEncoderBlock.call)
     def call(
         self,
-        inputs: Tensor,
-        padding_mask: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        training: bool | None = None,
-        return_attention_scores: bool = False,
-        output_positions: Tensor | None = None,
+        inputs,
+        padding_mask,
+        attention_mask,
+        output_positions,
+        return_attention_scores,
+        training,
     ):
         self._check_inputs("inputs", inputs.shape)
         padding_mask, attention_mask, output_positions = _block_io.encoder_masks(
@@ -93,9 +94,9 @@ class TransformerEncoderStack(_block_io.EncoderOutputSpec, ChecksOutputPositions
                     x,
                     padding_mask=padding_mask,
                     attention_mask=attention_mask,
-                    training=training,
                     return_attention_scores=return_attention_scores,
                     output_positions=output_positions if last else None,
+                    training=training,
                 )
             )
             weights += extra

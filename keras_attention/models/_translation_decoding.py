@@ -43,13 +43,7 @@ class TranslationDecoding:
         """`T` target tokens at positions `index ..` through the decoder
         with its caches: `(logits (B, T, V), caches)`."""
         self_caches, cross_caches, mask = caches
-        x = self._embed(
-            token_ids,
-            self.token_embedding,
-            self.decoder_position_embedding,
-            self.decoder_embedding_norm,
-            start_index=index,
-        )
+        x = self._embed(token_ids, "target", start_index=index)
         updated = []
         for block, self_cache, cross_cache in zip(self.decoder.blocks, self_caches, cross_caches):
             x, self_cache, _ = block(

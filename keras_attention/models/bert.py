@@ -10,6 +10,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
+from keras_attention import _signatures
 from keras_attention._typing import Tensor
 from keras_attention.layers._transformer_block import rows_at
 from keras_attention.layers.layer_normalization import LayerNormalization
@@ -21,6 +23,7 @@ from keras_attention.models.bert_encoder import BertEncoder
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Model):
     """BERT pretrained by masking: logits for the tokens at masked positions.
 
@@ -63,11 +66,7 @@ class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Mo
             1e-12); the head's norm uses KerasHub's 1e-5.
         initializer_range: positive float, the standard deviation of the
             truncated normal initializer (BERT: 0.02).
-        attention_dropout: optional float in [0, 1), the dropout on the
-            attention weights alone (None: `dropout`). 0 keeps training on
-            the fused attention kernels where the backend's fused kernel
-            takes no dropout (JAX, TensorFlow; torch's takes it).
-        seed: optional int, the seed of the dropout layers.
+        {model_attention_dropout_and_seed}
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -96,38 +95,20 @@ class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Mo
         - [Liu et al., 2019 (RoBERTa)](https://arxiv.org/abs/1907.11692)
     """
 
-    def __init__(
-        self,
-        vocabulary_size: int,
-        num_layers: int,
-        num_heads: int,
-        hidden_dim: int,
-        intermediate_dim: int,
-        dropout: float = 0.1,
-        max_sequence_length: int = 512,
-        num_segments: int = 2,
-        layer_norm_epsilon: float = 1e-12,
-        initializer_range: float = 0.02,
-        attention_dropout: float | None = None,
-        seed: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    @_signatures.takes_arguments_of(BertEncoder.__init__)
+    def __init__(self, **arguments):
+        # The encoder's arguments are the model's; the encoder validates them,
+        # and they are the model's attributes too.
+        encoder_arguments = {name: arguments.pop(name) for name in ENCODER_ARGUMENTS}
+        super().__init__(**arguments)
         dtype = self.dtype_policy
-        # The encoder validates the arguments; they are its attributes too.
-        self.encoder = BertEncoder(
-            vocabulary_size, num_layers, num_heads, hidden_dim, intermediate_dim,
-            dropout=dropout, max_sequence_length=max_sequence_length,
-            num_segments=num_segments, layer_norm_epsilon=layer_norm_epsilon,
-            initializer_range=initializer_range, attention_dropout=attention_dropout,
-            seed=seed, dtype=dtype, name="encoder",
-        )
+        self.encoder = BertEncoder(**encoder_arguments, dtype=dtype, name="encoder")
         for name in ENCODER_ARGUMENTS:
             setattr(self, name, getattr(self.encoder, name))
         # Masked-LM head.
         self.mlm_dense = keras.layers.Dense(
-            hidden_dim, activation="gelu",
-            kernel_initializer=keras.initializers.TruncatedNormal(stddev=initializer_range),
+            self.hidden_dim, activation="gelu",
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=self.initializer_range),
             dtype=dtype, name="mlm_dense",
         )
         self.mlm_layer_norm = LayerNormalization(

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
@@ -31,6 +32,7 @@ ENCODER_ARGUMENTS = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class BertEncoder(keras.layers.Layer):
     """The encoder of BERT, shared by `BertMaskedLM` and `BertClassifier`.
 
@@ -63,11 +65,7 @@ class BertEncoder(keras.layers.Layer):
         layer_norm_epsilon: positive float (BERT: 1e-12).
         initializer_range: positive float, the standard deviation of the
             truncated normal initializer (BERT: 0.02).
-        attention_dropout: optional float in [0, 1), the dropout on the
-            attention weights alone (None: `dropout`). 0 keeps training on
-            the fused attention kernels where the backend's fused kernel
-            takes no dropout (JAX, TensorFlow; torch's takes it).
-        seed: optional int, the seed of the dropout layers.
+        {model_attention_dropout_and_seed}
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:

@@ -9,6 +9,7 @@ from typing import Any
 
 import keras
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention import kv_cache
 from keras_attention._typing import Activation
@@ -38,6 +39,7 @@ _CONFIG_NAMES = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
     """A decoder-only Transformer language model (GPT-2 by default, or LLaMA).
 
@@ -98,11 +100,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
             without bias (LLaMA: False).
         initializer_range: positive float, the standard deviation of the
             normal initializer of every kernel and embedding (GPT-2: 0.02).
-        attention_dropout: optional float in [0, 1), the dropout on the
-            attention weights alone (None: `dropout`). 0 keeps training on
-            the fused attention kernels where the backend's fused kernel
-            takes no dropout (JAX, TensorFlow; torch's takes it).
-        seed: optional int, the seed of the dropout layers.
+        {model_attention_dropout_and_seed}
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:

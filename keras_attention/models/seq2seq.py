@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import Activation
 from keras_attention._typing import Tensor
@@ -42,6 +43,7 @@ _CONFIG_NAMES = (
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class Seq2SeqTransformer(
     _text_tasks.TranslationTextModel, TranslationDecoding, layouts.TensorParallel, keras.Model
 ):
@@ -96,11 +98,7 @@ class Seq2SeqTransformer(
         scale_embeddings: bool, multiply token embeddings by `sqrt(D)`
             (paper: True; BART: False).
         layer_norm_epsilon: positive float.
-        attention_dropout: optional float in [0, 1), the dropout on the
-            attention weights alone (None: `dropout`). 0 keeps training on
-            the fused attention kernels where the backend's fused kernel
-            takes no dropout (JAX, TensorFlow; torch's takes it).
-        seed: optional int, the seed of the dropout layers.
+        {model_attention_dropout_and_seed}
         **kwargs: base `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -290,7 +288,16 @@ class Seq2SeqTransformer(
 
     # The forward pass.
 
-    def _embed(self, ids, table, position, norm, start_index=0, training=None):
+    def _embed(self, ids, side, start_index=0, training=None):
+        """The embedded `"source"` or `"target"` ids: token embedding (scaled
+        by `sqrt(D)` if `scale_embeddings`) + positions from `start_index`,
+        the embedding norm if any, dropout. `(B, T)` -> `(B, T, D)`."""
+        if side == "source":
+            table = self.source_token_embedding
+            position, norm = self.encoder_position_embedding, self.encoder_embedding_norm
+        else:
+            table = self.token_embedding
+            position, norm = self.decoder_position_embedding, self.decoder_embedding_norm
         x = table(ids)  # (B, T, D)
         if self.scale_embeddings:
             x = x * ops.cast(math.sqrt(self.hidden_dim), x.dtype)
@@ -304,13 +311,7 @@ class Seq2SeqTransformer(
         if encoder_padding_mask is None:
             encoder_padding_mask = ops.not_equal(encoder_token_ids, self.pad_token_id)
         encoder_padding_mask = ops.cast(encoder_padding_mask, "bool")
-        x = self._embed(
-            encoder_token_ids,
-            self.source_token_embedding,
-            self.encoder_position_embedding,
-            self.encoder_embedding_norm,
-            training=training,
-        )
+        x = self._embed(encoder_token_ids, "source", training=training)
         x = self.encoder(x, padding_mask=encoder_padding_mask, training=training)
         return x, encoder_padding_mask
 
@@ -323,13 +324,7 @@ class Seq2SeqTransformer(
         target_mask = inputs.get("decoder_padding_mask")
         if target_mask is None:
             target_mask = ops.not_equal(target, self.pad_token_id)
-        x = self._embed(
-            target,
-            self.token_embedding,
-            self.decoder_position_embedding,
-            self.decoder_embedding_norm,
-            training=training,
-        )
+        x = self._embed(target, "target", training=training)
         x = self.decoder(
             x,
             encoded,

@@ -164,22 +164,19 @@ class TranslationPreprocessor(keras_hub.models.Preprocessor):
         self.source_end_token_id = self._token_id(
             "source_end_token_id", source_end_token_id, source_tokenizer, optional=True
         )
-        self.encoder_packer = keras_hub.layers.StartEndPacker(
-            sequence_length=self.encoder_sequence_length,
-            start_value=self.source_start_token_id,
-            end_value=self.source_end_token_id,
-            pad_value=self.pad_token_id,
-            return_padding_mask=True,
-            name="encoder_packer",
-        )
-        self.decoder_packer = keras_hub.layers.StartEndPacker(
-            sequence_length=self.decoder_sequence_length,
-            start_value=self.start_token_id,
-            end_value=self.end_token_id,
-            pad_value=self.pad_token_id,
-            return_padding_mask=True,
-            name="decoder_packer",
-        )
+        for side, start, end in (
+            ("encoder", self.source_start_token_id, self.source_end_token_id),
+            ("decoder", self.start_token_id, self.end_token_id),
+        ):
+            packer = keras_hub.layers.StartEndPacker(
+                sequence_length=getattr(self, f"{side}_sequence_length"),
+                start_value=start,
+                end_value=end,
+                pad_value=self.pad_token_id,
+                return_padding_mask=True,
+                name=f"{side}_packer",
+            )
+            setattr(self, f"{side}_packer", packer)
 
     @staticmethod
     def _token_id(name, value, tokenizer, optional=False):

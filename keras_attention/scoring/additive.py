@@ -5,6 +5,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _keras_objects
 from keras_attention import _validation
 from keras_attention._typing import Initializer
@@ -14,6 +15,7 @@ from keras_attention.scoring.scorer import Scorer
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class Additive(Scorer):
     """Additive (Bahdanau) score `s(q, k) = v . tanh(q W_q + k W_k + b)`.
 
@@ -36,12 +38,7 @@ class Additive(Scorer):
         query_kernel `(Dq, units)`, key_kernel `(Dk, units)`, bias `(units,)`,
         score_vector `(units,)`.
 
-    Call arguments:
-        query: `(..., T, Dq)`.
-        key: `(..., S, Dk)`.
-
-    Returns:
-        Scores `(..., T, S)`.
+    {scorer_call}
 
     Example:
 
@@ -64,9 +61,12 @@ class Additive(Scorer):
     ) -> None:
         super().__init__(**kwargs)
         self.units = _validation.check_positive_int("units", units, allow_none=True)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        _keras_objects.store(
+            self,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+        )
 
     def build(self, query_shape, key_shape):
         self.check_shapes(query_shape, key_shape)

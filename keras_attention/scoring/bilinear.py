@@ -5,6 +5,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _keras_objects
 from keras_attention._typing import Initializer
 from keras_attention._typing import Regularizer
@@ -13,6 +14,7 @@ from keras_attention.scoring.scorer import Scorer
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class Bilinear(Scorer):
     """Bilinear score `s(q, k) = q W k^T`, Luong's "general" score.
 
@@ -27,12 +29,7 @@ class Bilinear(Scorer):
     Weights:
         kernel `(Dq, Dk)`.
 
-    Call arguments:
-        query: `(..., T, Dq)`.
-        key: `(..., S, Dk)`.
-
-    Returns:
-        Scores `(..., T, S)`.
+    {scorer_call}
 
     Example:
 
@@ -52,8 +49,11 @@ class Bilinear(Scorer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        _keras_objects.store(
+            self,
+            kernel_initializer=kernel_initializer,
+            kernel_regularizer=kernel_regularizer,
+        )
 
     def build(self, query_shape, key_shape):
         self.check_shapes(query_shape, key_shape)

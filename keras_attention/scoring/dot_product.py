@@ -3,11 +3,13 @@
 import keras
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import FeatureWiseScorer
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class DotProduct(FeatureWiseScorer):
     """Dot-product score `s(q, k) = q . k`, or `a q . k` with a learned `a`.
 
@@ -21,12 +23,7 @@ class DotProduct(FeatureWiseScorer):
             False.
         **kwargs: base `keras.layers.Layer` arguments.
 
-    Call arguments:
-        query: `(..., T, D)`.
-        key: `(..., S, D)`.
-
-    Returns:
-        Scores `(..., T, S)`.
+    {scorer_call}
 
     Example:
 

@@ -7,12 +7,14 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _validation
 from keras_attention._typing import Tensor
 from keras_attention.scoring.scorer import Scorer
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class ScaledDotProduct(Scorer):
     """Scaled dot-product score `s(q, k) = scale * q . k`.
 
@@ -24,12 +26,7 @@ class ScaledDotProduct(Scorer):
     Args:
         scale: optional positive float. Defaults to `1 / sqrt(Dk)`.
 
-    Call arguments:
-        query: `(..., T, D)`.
-        key: `(..., S, D)`.
-
-    Returns:
-        Scores `(..., T, S)`.
+    {scorer_call}
 
     Example:
 

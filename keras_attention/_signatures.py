@@ -1,0 +1,61 @@
+"""Functions that take the arguments of another, with its signature.
+
+A stack's `call` takes its block's call arguments, a model's constructor
+its encoder's: the argument list is written once, on the source, and the
+forwarding function gets the same public signature (`inspect.signature`,
+`help`, `typing.get_type_hints`, and Keras, which reads the `training` and
+`mask` arguments of `call` from it).
+"""
+
+import functools
+import inspect
+import typing
+
+
+def takes_arguments_of(source):
+    """Decorator: the decorated function takes the arguments of `source`.
+
+    A call is bound to `source`'s signature (an unknown, missing or doubled
+    argument is the `TypeError` that `source` itself would raise), the
+    defaults are filled in, and the decorated function is called with every
+    argument by keyword; the keyword arguments that `source`'s `**kwargs`
+    would collect come by their own names. The decorated function's
+    `__signature__` and `__annotations__` are `source`'s.
+
+    Args:
+        source: the function whose signature is taken, e.g.
+            `TransformerDecoderBlock.call` (with its `self`).
+
+    Returns:
+        The decorator.
+    """
+    signature = inspect.signature(source)
+    # Resolved from `source`'s module, so that they name types wherever read.
+    hints = typing.get_type_hints(source)
+    if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+        raise TypeError(f"`{source.__qualname__}` takes `*args`: it cannot be forwarded by name")
+    var_keyword = next(
+        (p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None
+    )
+
+    def decorate(function):
+        @functools.wraps(function)
+        def forwarding(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{function.__qualname__}(): {error}") from None
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            if var_keyword is not None:
+                arguments.update(arguments.pop(var_keyword))
+            return function(**arguments)
+
+        # `functools.wraps` points `__wrapped__` at `function`, whose own
+        # signature `inspect` would then report: the public one is `source`'s.
+        del forwarding.__wrapped__
+        forwarding.__signature__ = signature
+        forwarding.__annotations__ = dict(hints)
+        return forwarding
+
+    return decorate
