@@ -28,6 +28,13 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 ROPE_TYPES = ("linear", "dynamic", "yarn")
 
 
+def _cast(x, dtype):
+    """`x` in `dtype`, with no `keras.ops` call where it already is."""
+    if keras.backend.standardize_dtype(x.dtype) == dtype:
+        return x
+    return ops.cast(x, dtype)
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 @_docs.completes
 class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
@@ -149,31 +156,33 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         x = inputs
         if moved:
             x = ops.moveaxis(x, (sequence_axis, feature_axis), (1, -1))  # (B, T, ..., D)
-        head_dim = x.shape[-1]
-        positions = standardize_positions(x, start_index, positions)
+        head_dim, extra_axes = x.shape[-1], len(x.shape) - 3
+        # Tensor indexing and operators rather than `keras.ops` calls where
+        # they do the same: eagerly (torch's decoding loop) each `keras.ops`
+        # call costs more than this rotation's arithmetic.
+        positions = standardize_positions(x, start_index, positions)  # (T,) or (B, T)
         if len(positions.shape) == 1:
-            positions = ops.expand_dims(positions, 0)  # (1, T)
+            positions = positions[None]  # (1, T)
         # On the backend's device: torch will not multiply a GPU tensor by a
         # numpy array.
         inverse_frequency = ops.convert_to_tensor(
             self._inverse_frequency(head_dim).astype("float32")
         )  # (D/2,)
-        angles = ops.expand_dims(positions, -1) * inverse_frequency  # (B|1, T, D/2)
-        for _ in range(len(x.shape) - 3):
-            angles = ops.expand_dims(angles, 2)  # (B|1, T, 1, ..., D/2)
+        angles = positions[..., None] * inverse_frequency  # (B|1, T, D/2)
+        angles = angles[(slice(None), slice(None)) + (None,) * extra_axes]  # (B|1, T, 1, .., D/2)
         cos, sin = ops.cos(angles), ops.sin(angles)
         if self.rope_type == "yarn":
             factor = 0.1 * math.log(self.scaling_factor) + 1.0
             cos, sin = cos * factor, sin * factor
 
-        x = ops.cast(x, "float32")
-        x1, x2 = ops.split(x, 2, axis=-1)  # (B, T, ..., D/2) each
+        x = _cast(x, "float32")
+        x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]  # (B, T, ..., D/2) each
         rotated = ops.concatenate(
             [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
         )  # (B, T, ..., D)
         if moved:
             rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
-        return ops.cast(rotated, self.compute_dtype)
+        return _cast(rotated, self.compute_dtype)
 
     def _inverse_frequency(self, head_dim):
         """The `D/2` angular frequencies, float64 (numpy)."""

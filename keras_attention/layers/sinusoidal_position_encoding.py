@@ -138,8 +138,11 @@ def standardize_positions(inputs, start_index, positions, sequence_axis=1):
     has length `T` (`(B, T, ...)` by default)."""
     if positions is not None:
         return ops.cast(positions, "float32")
-    length = ops.shape(inputs)[sequence_axis]
-    positions = ops.arange(length, dtype="float32")  # (T,)
+    length = inputs.shape[sequence_axis]
+    if isinstance(start_index, numbers.Integral) and length is not None:
+        # A known start and length (eagerly, or a literal start): one call.
+        return ops.arange(start_index, start_index + length, dtype="float32")  # (T,)
+    positions = ops.arange(ops.shape(inputs)[sequence_axis], dtype="float32")  # (T,)
     return positions + ops.cast(start_index, "float32")
 
 
