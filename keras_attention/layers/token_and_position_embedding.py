@@ -27,6 +27,12 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 POSITIONS = ("learned", "sinusoidal", None)
 
 
+class ReversibleEmbedding(DirectCalls, keras.layers.ReversibleEmbedding):
+    """Keras's `ReversibleEmbedding`, called directly while a model decodes
+    (`layers/_direct_calls.py`), as the blocks' sublayers are: the token table
+    and the output projection are called at every decoding step."""
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
     """Token embedding plus position embedding, the input of a Transformer.
@@ -146,7 +152,7 @@ class TokenAndPositionEmbedding(DirectCalls, keras.layers.Layer):
         )
         # Sublayers exist from construction (their shapes do not depend on the
         # inputs), so weights can be shared or copied before the first call.
-        self.token_embedding = keras.layers.ReversibleEmbedding(
+        self.token_embedding = ReversibleEmbedding(
             self.vocabulary_size,
             self.embedding_dim,
             tie_weights=self.tie_weights,

@@ -16,6 +16,7 @@ from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.token_and_position_embedding import ReversibleEmbedding
 from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _keras_hub
 
@@ -132,7 +133,7 @@ class BertEncoder(keras.layers.Layer):
         dtype = self.dtype_policy
 
         # Embeddings.
-        self.token_embedding = keras.layers.ReversibleEmbedding(
+        self.token_embedding = ReversibleEmbedding(
             vocabulary_size,
             hidden_dim,
             tie_weights=True,

@@ -20,6 +20,7 @@ from keras_attention.layers._dropout import Dropout
 from keras_attention.layers.layer_normalization import LayerNormalization
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attention.layers.token_and_position_embedding import ReversibleEmbedding
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _generation_args
@@ -257,7 +258,7 @@ class Seq2SeqTransformer(
         self._generator = None  # made at the first `generate` call
 
     def _token_table(self, vocabulary_size, name):
-        return keras.layers.ReversibleEmbedding(
+        return ReversibleEmbedding(
             vocabulary_size,
             self.hidden_dim,
             tie_weights=True,

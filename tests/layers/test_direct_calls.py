@@ -107,3 +107,39 @@ def test_a_decoder_block_runs_without_the_wrapper_inside_inference(normalization
         got = harness.to_numpy(block(x))
     assert wrapped == []
     np.testing.assert_array_equal(got, expected)
+
+
+def _decoding_step(config):
+    """A small model of `config` and a function running one cached decoding
+    step of it (its own step, as `generate` runs it): logits `(B, 1, V)`."""
+    from keras_attention.models import GPT
+    from keras_attention.models import Seq2SeqTransformer
+
+    ids = np.random.default_rng(3).integers(1, 20, (B, T)).astype("int32")
+    first = keras.ops.convert_to_tensor(ids[:, :1])  # a tensor, as in the decoding loop
+    if config == "seq2seq":
+        model = Seq2SeqTransformer(20, 20, 16, 16, num_encoder_layers=1, num_decoder_layers=1,
+                                   num_heads=2, hidden_dim=D, intermediate_dim=16, dropout=0.0)
+        model({"encoder_token_ids": ids, "decoder_token_ids": ids})
+        caches = model._decoding_caches(B, 8, ids, np.ones((B, T), bool))
+        return lambda: model._decoding_step(first, caches, 0)[0]
+    llama = dict(normalization="rms_norm", positions="rotary", gated_feedforward=True,
+                 use_bias=False, tie_weights=False, activation="silu")
+    model = GPT(20, num_layers=1, num_heads=2, hidden_dim=D, intermediate_dim=16,
+                dropout=0.0, max_sequence_length=16, **(llama if config == "llama" else {}))
+    model(ids)
+    caches = model._empty_layer_caches(B, 8)
+    return lambda: model._call_with_layer_caches(first, caches, 0)[0]
+
+
+@pytest.mark.parametrize("config", ["gpt2", "llama", "seq2seq"])
+def test_a_model_decoding_step_runs_without_the_wrapper_inside_inference(config, wrapped):
+    """Every layer a model's decoding step calls, its token table and output
+    projection included, is called directly inside `inference()`."""
+    step = _decoding_step(config)
+    expected = harness.to_numpy(step())
+    del wrapped[:]
+    with _direct_calls.inference():
+        got = harness.to_numpy(step())
+    assert wrapped == []
+    np.testing.assert_array_equal(got, expected)
