@@ -21,6 +21,16 @@ Call arguments:
 
 Returns:
     Scores `(..., T, S)`.""",
+    # The inputs and masks of `SoftAttention` and `HardAttention`'s calls.
+    "single_head_call_inputs": """\
+query: `(B, T, Dq)`.
+value: `(B, S, Dv)`.
+key: optional `(B, S, Dk)`; defaults to `value` (normal mode).
+query_mask: optional `(B, T)` padding mask of the queries.
+value_mask: optional `(B, S)` padding mask of the values.
+key_mask: optional `(B, S)` padding mask of the keys; combined with
+    `value_mask`.
+attention_mask: optional `(B, T, S)` (or `(T, S)`) mask.""",
     # The call arguments of the position tables (learned and sinusoidal).
     "position_table_call_arguments": """\
 inputs: `(B, T, D)` (or `(B, ..., T, D)`), only its shape is read.

@@ -3,9 +3,12 @@
 import inspect
 import typing
 
+import numpy as np
 import pytest
 
 from keras_attention import _signatures
+from keras_attention.layers import HardAttention
+from keras_attention.layers import SoftAttention
 from keras_attention.layers import TransformerDecoderBlock
 from keras_attention.layers import TransformerDecoderStack
 from keras_attention.layers import TransformerEncoderBlock
@@ -53,6 +56,86 @@ def test_a_source_with_star_args_is_refused():
 
     with pytest.raises(TypeError, match=r"takes `\*args`"):
         _signatures.takes_arguments_of(source)
+
+
+def _added(d: bytes = b"", *, e: int = 0):
+    return d, e
+
+
+@_signatures.takes_arguments_of(_source, adding=_added, before="c")
+def _forwarding_more(a, b, c, d, e, **rest):
+    return a, b, c, d, e, rest
+
+
+def test_added_parameters_stand_where_named_with_their_hints():
+    expected = (
+        "(a: int, b: str = 'b', d: bytes = b'', *, e: int = 0, c: float = 1.0, "
+        "**kwargs: Any) -> tuple"
+    )
+    assert str(inspect.signature(_forwarding_more)) == expected
+    hints = typing.get_type_hints(_forwarding_more)
+    assert list(hints) == ["a", "b", "d", "e", "c", "kwargs", "return"]
+    assert hints["d"] is bytes
+    assert _forwarding_more(1, "x", b"y", e=2, name="n") == (1, "x", 1.0, b"y", 2, {"name": "n"})
+
+
+def test_added_parameters_go_before_kwargs_or_at_the_end_by_default():
+    def ends_in_kwargs(self, a=0, **kwargs):
+        return a
+
+    def plain(self, a=0):
+        return a
+
+    for source, names in (
+        (ends_in_kwargs, ["self", "a", "z", "kwargs"]),
+        (plain, ["self", "a", "z"]),
+    ):
+        derived = _signatures.takes_arguments_of(source, adding=lambda z=1: None)(plain)
+        assert list(inspect.signature(derived).parameters) == names
+
+
+@pytest.mark.parametrize(
+    "adding, before, message",
+    [
+        (lambda d=0: None, "nothing", r"`before` names no parameter .* Received: 'nothing'"),
+        (lambda b=0: None, None, r"Parameters added twice .*\['b'\]"),
+    ],
+)
+def test_bad_added_parameters_are_refused(adding, before, message):
+    with pytest.raises(TypeError, match=message):
+        _signatures.takes_arguments_of(_source, adding=adding, before=before)
+
+
+def test_added_parameters_out_of_order_are_refused():
+    with pytest.raises(ValueError, match=r"non-default argument follows default argument"):
+        _signatures.takes_arguments_of(_source, adding=lambda d: None, before="c")
+
+
+def test_hard_attention_takes_soft_attention_s_arguments_and_return_log_prob():
+    soft = list(inspect.signature(SoftAttention.call).parameters.values())
+    hard = list(inspect.signature(HardAttention.call).parameters.values())
+    assert [p.name for p in hard] == [p.name for p in soft[:-1]] + ["return_log_prob", "training"]
+    assert hard[:-2] == soft[:-1] and hard[-1] == soft[-1]
+    assert hard[-2].default is False and hard[-2].annotation is bool
+    spec = inspect.signature(HardAttention.compute_output_spec)
+    assert str(spec) == (
+        "(self, query, value, key=None, return_attention_scores=False, "
+        "return_log_prob=False, **kwargs)"
+    )
+
+
+def test_soft_and_hard_attention_bind_positional_arguments_as_their_signatures_say():
+    x = np.ones((1, 2, 4), "float32")
+    mask = np.array([[True, False]])
+    for layer in (SoftAttention(), HardAttention(selection="argmax")):
+        layer(x, x)  # built: `call` is called directly below
+        # Keras takes only tensors by position; `call` itself takes them all.
+        positional = layer.call(x, x, None, None, mask, None, None, False, True)
+        by_name = layer(x, x, value_mask=mask, return_attention_scores=True)
+        for a, b in zip(positional, by_name):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b))
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'quary_mask'"):
+            layer.call(x, x, quary_mask=mask)
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,35 @@ import keras
 from keras_attention import _validation
 from keras_attention import kernels
 from keras_attention import masking
+from keras_attention._typing import Tensor
+
+
+def call_arguments(
+    self,
+    query: Tensor,
+    value: Tensor,
+    key: Tensor | None = None,
+    query_mask: Tensor | None = None,
+    value_mask: Tensor | None = None,
+    key_mask: Tensor | None = None,
+    attention_mask: Tensor | None = None,
+    use_causal_mask: bool = False,
+    return_attention_scores: bool = False,
+    training: bool | None = None,
+):
+    """The arguments of `SoftAttention.call`, which `HardAttention.call`
+    takes too (and `return_log_prob`); both layers' docstrings say what
+    each means. Their `call`s take them with
+    `_signatures.takes_arguments_of`."""
 
 
 class SingleHeadAttention(keras.layers.Layer):
     """Base of `SoftAttention` and `HardAttention`, which differ only in the
     normalize step they give the core. Not public: use one of the two.
 
-    A subclass sets `self.score` (a `Scorer`) in `__init__`.
+    A subclass sets `self.score` (a `Scorer`) in `__init__`, and its `call`
+    takes `call_arguments` and hands the inputs, masks and causal flag to
+    `_attend`.
     """
 
     def build(self, query_shape, value_shape, key_shape=None):
