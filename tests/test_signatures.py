@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from keras_attention import _signatures
+from keras_attention.layers import FeedForward
 from keras_attention.layers import HardAttention
+from keras_attention.layers import SelfAttention
 from keras_attention.layers import SoftAttention
 from keras_attention.layers import TransformerDecoderBlock
 from keras_attention.layers import TransformerDecoderStack
@@ -136,6 +138,20 @@ def test_soft_and_hard_attention_bind_positional_arguments_as_their_signatures_s
             np.testing.assert_allclose(np.asarray(a), np.asarray(b))
         with pytest.raises(TypeError, match=r"unexpected keyword argument 'quary_mask'"):
             layer.call(x, x, quary_mask=mask)
+
+
+@pytest.mark.parametrize("layer", [FeedForward, SelfAttention])
+def test_layers_of_dense_sublayers_end_with_the_dense_layer_arguments(layer):
+    from keras_attention import _keras_objects
+
+    shared = list(inspect.signature(_keras_objects.dense_layer_arguments).parameters.values())
+    own = list(inspect.signature(layer.__init__).parameters.values())
+    assert own[0] == shared[0] and own[-len(shared) + 1:] == shared[1:]
+    assert inspect.signature(layer.__init__).return_annotation is None
+    hints = typing.get_type_hints(layer.__init__)
+    assert hints["kernel_initializer"] == typing.get_type_hints(
+        _keras_objects.dense_layer_arguments
+    )["kernel_initializer"]
 
 
 @pytest.mark.parametrize(
