@@ -1,6 +1,7 @@
 """`_signatures.takes_arguments_of`, and the public signatures derived with it."""
 
 import inspect
+import types
 import typing
 
 import numpy as np
@@ -17,6 +18,8 @@ from keras_attention.layers import TransformerEncoderBlock
 from keras_attention.layers import TransformerEncoderStack
 from keras_attention.models import BertEncoder
 from keras_attention.models import BertMaskedLM
+from keras_attention.models import GPT
+from keras_attention.models import Seq2SeqTransformer
 
 
 def _source(a: int, b: str = "b", *, c: float = 1.0, **kwargs: typing.Any) -> tuple:
@@ -152,6 +155,20 @@ def test_layers_of_dense_sublayers_end_with_the_dense_layer_arguments(layer):
     assert hints["kernel_initializer"] == typing.get_type_hints(
         _keras_objects.dense_layer_arguments
     )["kernel_initializer"]
+
+
+@pytest.mark.parametrize("model", [GPT, BertEncoder, Seq2SeqTransformer])
+def test_models_end_with_attention_dropout_seed_and_the_base_arguments(model):
+    from keras_attention.models import _model_arguments
+
+    names = list(inspect.signature(model.__init__).parameters)
+    assert names[0] == "self" and names[-3:] == ["attention_dropout", "seed", "kwargs"]
+    hints = typing.get_type_hints(model.__init__)
+    assert hints["attention_dropout"] == float | None and hints["return"] is type(None)
+    with pytest.raises(ValueError, match=r"`hidden_dim` .* divisible by `num_heads`"):
+        _model_arguments.store_sizes(types.SimpleNamespace(), 3, 8, 16, 0.0, num_layers=1)
+    with pytest.raises(ValueError, match=r"`num_layers` must be a positive integer"):
+        _model_arguments.store_sizes(types.SimpleNamespace(), 2, 8, 16, 0.0, num_layers=0)
 
 
 @pytest.mark.parametrize(
