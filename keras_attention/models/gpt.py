@@ -426,15 +426,10 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         )
         if not self.built:
             self.build((None, None))
-        if self._generator is None:
-            self._generator = generation.Generator(
-                step=self._call_with_layer_caches,
-                empty_caches=self._empty_layer_caches,
-                variables=lambda: self.variables,
-                vocabulary_size=self.vocabulary_size,
-                max_length=self.max_sequence_length,
-            )
-        return self._generator.run(
+        generator = generation.model_generator(
+            self, self._call_with_layer_caches, self._empty_layer_caches, self.vocabulary_size
+        )
+        return generator.run(
             prompt,
             max_new_tokens,
             sampling=sampling,
