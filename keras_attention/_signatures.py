@@ -1,11 +1,12 @@
 """Functions that take the arguments of another, with its signature.
 
 A stack's `call` takes its block's call arguments, a model's constructor
-its encoder's, `HardAttention.call` `SoftAttention`'s and one more: the
-argument list is written once, on the source, and the
-forwarding function gets the same public signature (`inspect.signature`,
-`help`, `typing.get_type_hints`, and Keras, which reads the `training` and
-`mask` arguments of `call` from it).
+its encoder's, `SoftAttention.call` some of `MultiHeadAttention.call`'s
+(`selection`), `HardAttention.call` `SoftAttention`'s and one more: the
+argument list is written once, on the source, and the forwarding function
+gets the same public signature (`inspect.signature`, `help`,
+`typing.get_type_hints`, and Keras, which reads the `training` and `mask`
+arguments of `call` from it).
 """
 
 import functools
@@ -74,6 +75,40 @@ def takes_arguments_of(source, adding=None, before=None):
         return forwarding
 
     return decorate
+
+
+def selection(source, names):
+    """A function that only declares `source`'s parameters `names`, in that
+    order, with their defaults and annotations: for `takes_arguments_of`,
+    where a function takes some of another's arguments, in its own order.
+
+    Args:
+        source: the function whose parameters are taken.
+        names: the names of the parameters, in the order they go in.
+
+    Returns:
+        A function with that signature and those annotations; calling it
+        raises `TypeError`.
+    """
+    signature = inspect.signature(source)
+    unknown = [name for name in names if name not in signature.parameters]
+    if unknown:
+        raise TypeError(f"`{source.__qualname__}` has no parameters {unknown}")
+    hints = typing.get_type_hints(source)
+    qualname = f"selection({source.__qualname__})"
+
+    def selected(*args, **kwargs):
+        raise TypeError(f"{qualname} declares a signature; it is not called")
+
+    selected.__qualname__ = selected.__name__ = qualname
+    # `Signature` checks the order (defaults, keyword-only, `**kwargs` last).
+    selected.__signature__ = signature.replace(
+        parameters=[signature.parameters[name] for name in names]
+    )
+    selected.__annotations__ = {
+        name: hints[name] for name in (*names, "return") if name in hints
+    }
+    return selected
 
 
 def _inserted(signature, added, before):

@@ -10,6 +10,7 @@ import pytest
 from keras_attention import _signatures
 from keras_attention.layers import FeedForward
 from keras_attention.layers import HardAttention
+from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import SelfAttention
 from keras_attention.layers import SoftAttention
 from keras_attention.layers import TransformerDecoderBlock
@@ -114,6 +115,29 @@ def test_bad_added_parameters_are_refused(adding, before, message):
 def test_added_parameters_out_of_order_are_refused():
     with pytest.raises(ValueError, match=r"non-default argument follows default argument"):
         _signatures.takes_arguments_of(_source, adding=lambda d: None, before="c")
+
+
+def test_a_selection_declares_the_named_parameters_in_their_new_order():
+    def source(x: int, y: str = "y", z: float = 0.0, w=None) -> tuple:
+        return x, y, z, w
+
+    selected = _signatures.selection(source, ("x", "z", "y"))
+    assert str(inspect.signature(selected)) == "(x: int, z: float = 0.0, y: str = 'y') -> tuple"
+    assert typing.get_type_hints(selected) == {"x": int, "z": float, "y": str, "return": tuple}
+    with pytest.raises(TypeError, match=r"declares a signature"):
+        selected(a=1)
+    with pytest.raises(TypeError, match=r"has no parameters \['z'\]"):
+        _signatures.selection(_source, ("a", "z"))
+    with pytest.raises(ValueError, match=r"non-default argument follows default argument"):
+        _signatures.selection(_source, ("b", "a"))
+
+
+def test_soft_attention_takes_multi_head_attention_s_arguments_but_the_cache():
+    mha = inspect.signature(MultiHeadAttention.call).parameters
+    soft = inspect.signature(SoftAttention.call).parameters
+    assert set(mha) - set(soft) == {"cache", "cache_update_index"}
+    assert all(soft[name] == mha[name] for name in soft)
+    assert list(soft)[-3:] == ["use_causal_mask", "return_attention_scores", "training"]
 
 
 def test_hard_attention_takes_soft_attention_s_arguments_and_return_log_prob():

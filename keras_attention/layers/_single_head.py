@@ -7,29 +7,25 @@ Shape legend: `B` batch, `T` query length, `S` key/value length, `Dq`, `Dk`,
 
 import keras
 
+from keras_attention import _signatures
 from keras_attention import _validation
 from keras_attention import kernels
 from keras_attention import masking
-from keras_attention._typing import Tensor
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
 
-def call_arguments(
-    self,
-    query: Tensor,
-    value: Tensor,
-    key: Tensor | None = None,
-    query_mask: Tensor | None = None,
-    value_mask: Tensor | None = None,
-    key_mask: Tensor | None = None,
-    attention_mask: Tensor | None = None,
-    use_causal_mask: bool = False,
-    return_attention_scores: bool = False,
-    training: bool | None = None,
-):
-    """The arguments of `SoftAttention.call`, which `HardAttention.call`
-    takes too (and `return_log_prob`); both layers' docstrings say what
-    each means. Their `call`s take them with
-    `_signatures.takes_arguments_of`."""
+# The arguments of `SoftAttention.call`, which `HardAttention.call` takes too
+# (and `return_log_prob`): `MultiHeadAttention.call`'s, the Keras convention,
+# but the cache, with the causal flag before the returned scores. Both layers'
+# docstrings say what each means; their `call`s take them with
+# `_signatures.takes_arguments_of`.
+call_arguments = _signatures.selection(
+    MultiHeadAttention.call,
+    (
+        "self", "query", "value", "key", "query_mask", "value_mask", "key_mask",
+        "attention_mask", "use_causal_mask", "return_attention_scores", "training",
+    ),
+)
 
 
 class SingleHeadAttention(keras.layers.Layer):
