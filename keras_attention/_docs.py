@@ -21,10 +21,32 @@ Call arguments:
 
 Returns:
     Scores `(..., T, S)`.""",
+    # The example call of a scorer made as `scorer` (query and key sizes differ).
+    "scorer_example": """\
+>>> import numpy as np
+>>> tuple(scorer(np.ones((2, 3, 5)), np.ones((2, 4, 6))).shape)
+(2, 3, 4)""",
+    # The inputs and masks of `SoftAttention` and `HardAttention`'s calls.
+    "single_head_call_inputs": """\
+query: `(B, T, Dq)`.
+value: `(B, S, Dv)`.
+key: optional `(B, S, Dk)`; defaults to `value` (normal mode).
+query_mask: optional `(B, T)` padding mask of the queries.
+value_mask: optional `(B, S)` padding mask of the values.
+key_mask: optional `(B, S)` padding mask of the keys; combined with
+    `value_mask`.
+attention_mask: optional `(B, T, S)` (or `(T, S)`) mask.""",
     # The call arguments of the position tables (learned and sinusoidal).
     "position_table_call_arguments": """\
 inputs: `(B, T, D)` (or `(B, ..., T, D)`), only its shape is read.
 {position_call_arguments}""",
+    # The example call of a position table made as `layer`.
+    "position_table_example": """\
+>>> import numpy as np
+>>> embeddings = np.random.rand(2, 5, 8).astype("float32")
+>>> positions = layer(embeddings)
+>>> tuple(positions.shape)  # the inputs' shape
+(2, 5, 8)""",
     # The position arguments of the position layers' calls.
     "position_call_arguments": """\
 start_index: int or scalar int tensor, the position of the first

@@ -295,17 +295,6 @@ def check_optional_rate(name, value):
     return None if value is None else check_rate(name, value)
 
 
-def check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout):
-    """The sizes every Transformer model checks, checked and returned:
-    `(num_heads, hidden_dim, intermediate_dim, dropout)`, positive ints with
-    `hidden_dim` divisible by `num_heads`, and a rate."""
-    num_heads = check_positive_int("num_heads", num_heads)
-    hidden_dim = check_positive_int("hidden_dim", hidden_dim)
-    intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
-    check_divisible("hidden_dim", hidden_dim, "num_heads", num_heads)
-    return num_heads, hidden_dim, intermediate_dim, check_rate("dropout", dropout)
-
-
 def check_token_id(name, value, vocabulary_size):
     """Returns an integer-like `value` in `[0, vocabulary_size)` as an int."""
     if check_integer(name, value) is None or not 0 <= int(value) < vocabulary_size:

@@ -7,16 +7,34 @@ Shape legend: `B` batch, `T` query length, `S` key/value length, `Dq`, `Dk`,
 
 import keras
 
+from keras_attention import _signatures
 from keras_attention import _validation
 from keras_attention import kernels
 from keras_attention import masking
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+
+# The arguments of `SoftAttention.call`, which `HardAttention.call` takes too
+# (and `return_log_prob`): `MultiHeadAttention.call`'s, the Keras convention,
+# but the cache, with the causal flag before the returned scores. Both layers'
+# docstrings say what each means; their `call`s take them with
+# `_signatures.takes_arguments_of`.
+call_arguments = _signatures.selection(
+    MultiHeadAttention.call,
+    (
+        "self", "query", "value", "key", "query_mask", "value_mask", "key_mask",
+        "attention_mask", "use_causal_mask", "return_attention_scores", "training",
+    ),
+)
 
 
 class SingleHeadAttention(keras.layers.Layer):
     """Base of `SoftAttention` and `HardAttention`, which differ only in the
     normalize step they give the core. Not public: use one of the two.
 
-    A subclass sets `self.score` (a `Scorer`) in `__init__`.
+    A subclass sets `self.score` (a `Scorer`) in `__init__`, and its `call`
+    takes `call_arguments` and hands the inputs, masks and causal flag to
+    `_attend`.
     """
 
     def build(self, query_shape, value_shape, key_shape=None):

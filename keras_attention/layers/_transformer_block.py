@@ -266,6 +266,31 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
     def _feedforward(self, seed_offset):
         return self.arguments.feedforward(seed_offset, self.dtype_policy)
 
+    def _build_attention_sublayer(self, name, query_shape, value_shape, rotary, seed_offset):
+        """Makes and builds the attention sub-layer `name` (`"self_attention"`
+        or `"cross_attention"`) of `(B, T, D)` queries; `_build_sublayer`
+        says which attributes it sets."""
+        attention = self._attention(query_shape[-1], name, rotary, seed_offset)
+        self._build_sublayer(name, attention, (query_shape, value_shape), seed_offset)
+
+    def _build_feedforward_sublayer(self, shape, seed_offset):
+        """Makes and builds the feed-forward sub-layer of `(B, T, D)` inputs."""
+        self._build_sublayer("feedforward", self._feedforward(seed_offset), (shape,), seed_offset)
+
+    def _build_sublayer(self, name, sublayer, shapes, seed_offset):
+        """Sets the residual sub-layer `name` (KerasHub's names, also the
+        layers' `name`): `sublayer` as `name`, built on `shapes`; its norm as
+        `{name}_layer_norm`, built on the block's stream `shapes[0]`; its
+        residual dropout as `{name}_residual_dropout`, seeded after
+        `sublayer` (`seed_offset + 1`)."""
+        setattr(self, name, sublayer)
+        sublayer.build(*shapes)
+        norm = self._norm(f"{name}_layer_norm")
+        setattr(self, f"{name}_layer_norm", norm)
+        norm.build(shapes[0])
+        dropout = self._dropout(f"{name}_residual_dropout", seed_offset + 1)
+        setattr(self, f"{name}_residual_dropout", dropout)
+
     def _sublayer(self, x, norm, dropout, fn, training, residual=None):
         """One residual sub-layer: post-norm `norm(x + f(x))` or pre-norm
         `x + f(norm(x))`, with dropout on `f`'s output. Returns the new `x`

@@ -4,20 +4,28 @@ Shape legend: `B` batch, `T` sequence length, `D` input width, `F`
 intermediate width (`intermediate_dim`), `O` output width.
 """
 
-from typing import Any
-
 import keras
 
 from keras_attention import _keras_objects
+from keras_attention import _signatures
 from keras_attention import _validation
 from keras_attention import activations
 from keras_attention._typing import Activation
-from keras_attention._typing import Initializer
-from keras_attention._typing import Regularizer
 from keras_attention._typing import Tensor
 from keras_attention.layers import _projection
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers._dropout import Dropout
+
+
+def _arguments(
+    intermediate_dim: int,
+    activation: Activation = "relu",
+    dropout: float = 0.0,
+    gated: bool = False,
+    output_dim: int | None = None,
+):
+    """`FeedForward`'s own constructor arguments, before those of every layer
+    of dense sublayers (`_keras_objects.dense_layer_arguments`)."""
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -88,21 +96,14 @@ class FeedForward(DirectCalls, keras.layers.Layer):
         - [Hendrycks and Gimpel, 2016 (GELU)](https://arxiv.org/abs/1606.08415)
     """
 
+    @_signatures.takes_arguments_of(
+        _keras_objects.dense_layer_arguments, adding=_arguments, before="use_bias"
+    )
     def __init__(
-        self,
-        intermediate_dim: int,
-        activation: Activation = "relu",
-        dropout: float = 0.0,
-        gated: bool = False,
-        output_dim: int | None = None,
-        use_bias: bool = True,
-        kernel_initializer: Initializer = "glorot_uniform",
-        bias_initializer: Initializer = "zeros",
-        kernel_regularizer: Regularizer | None = None,
-        bias_regularizer: Regularizer | None = None,
-        seed: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+        self, intermediate_dim, activation, dropout, gated, output_dim, use_bias,
+        kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer, seed,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.intermediate_dim = _validation.check_positive_int(
             "intermediate_dim", intermediate_dim
@@ -113,11 +114,10 @@ class FeedForward(DirectCalls, keras.layers.Layer):
         self.output_dim = _validation.check_positive_int(
             "output_dim", output_dim, allow_none=True
         )
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        _keras_objects.store_dense_arguments(
+            self, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+            bias_regularizer,
+        )
         self.seed = _validation.check_seed("seed", seed)
         self.supports_masking = True
 
@@ -184,10 +184,7 @@ class FeedForward(DirectCalls, keras.layers.Layer):
                 "dropout": self.dropout,
                 "gated": self.gated,
                 "output_dim": self.output_dim,
-                "use_bias": self.use_bias,
-                "seed": self.seed,
+                **_keras_objects.dense_layer_config(self),
             }
         )
-        weights = _keras_objects.INITIALIZERS + _keras_objects.REGULARIZERS
-        config.update(_keras_objects.serialize(self, weights))
         return config

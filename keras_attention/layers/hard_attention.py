@@ -15,20 +15,29 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _docs
 from keras_attention import _keras_objects
+from keras_attention import _signatures
 from keras_attention import _validation
 from keras_attention import ops as attention_ops
 from keras_attention import scoring
 from keras_attention._typing import Scorer
-from keras_attention._typing import Tensor
 from keras_attention.layers._single_head import SingleHeadAttention
+from keras_attention.layers._single_head import call_arguments
+from keras_attention.layers.soft_attention import SoftAttention
 
 SELECTIONS = ("argmax", "sample")
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
 ESTIMATORS = ("reinforce", "straight_through", "gumbel")
 
 
+def _log_prob_argument(return_log_prob: bool = False):
+    """The argument `HardAttention.call` takes besides `SoftAttention.call`'s
+    (before `training`)."""
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class HardAttention(SingleHeadAttention):
     """Hard attention: each query returns the value of one selected position.
 
@@ -108,14 +117,7 @@ class HardAttention(SingleHeadAttention):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: `(B, T, Dq)`.
-        value: `(B, S, Dv)`.
-        key: optional `(B, S, Dk)`; defaults to `value` (normal mode).
-        query_mask: optional `(B, T)` padding mask of the queries.
-        value_mask: optional `(B, S)` padding mask of the values.
-        key_mask: optional `(B, S)` padding mask of the keys; combined with
-            `value_mask`.
-        attention_mask: optional `(B, T, S)` (or `(T, S)`) mask.
+        {single_head_call_inputs}
         use_causal_mask: bool, query `t` may select only keys
             `0 .. S - T + t` (bottom-right aligned when `T != S`).
         return_attention_scores: bool, also return the attention
@@ -209,32 +211,12 @@ class HardAttention(SingleHeadAttention):
             self.iterations = _keras_objects.add_scalar_state(self, "iterations", "int32")
         self.built = True
 
-    def call(
-        self,
-        query: Tensor,
-        value: Tensor,
-        key: Tensor | None = None,
-        query_mask: Tensor | None = None,
-        value_mask: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        use_causal_mask: bool = False,
-        return_attention_scores: bool = False,
-        return_log_prob: bool = False,
-        training: bool | None = None,
-    ):
+    @_signatures.takes_arguments_of(
+        call_arguments, adding=_log_prob_argument, before="training"
+    )
+    def call(self, return_attention_scores, return_log_prob, training, **inputs):
         selector = _Selector(self, training=bool(training))
-        output, _ = self._attend(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
-            normalize=selector,
-        )
+        output, _ = self._attend(**inputs, normalize=selector)
         outputs = (output,)
         if return_attention_scores:
             outputs += (selector.probabilities, selector.selection)
@@ -249,14 +231,11 @@ class HardAttention(SingleHeadAttention):
             temperature = temperature(self.iterations)
         return ops.cast(temperature, "float32")
 
+    @_signatures.takes_arguments_of(
+        SoftAttention.compute_output_spec, adding=lambda return_log_prob=False: None
+    )
     def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        return_attention_scores=False,
-        return_log_prob=False,
-        **kwargs,
+        self, query, value, key, return_attention_scores, return_log_prob, **kwargs
     ):
         output, weights = self._output_spec(
             query, value, key, 2 if return_attention_scores else 0

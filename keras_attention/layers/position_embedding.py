@@ -60,11 +60,8 @@ class PositionEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
 
     Example:
 
-    >>> import numpy as np
-    >>> embeddings = np.random.rand(2, 5, 8).astype("float32")
     >>> layer = PositionEmbedding(sequence_length=16)
-    >>> tuple(layer(embeddings).shape)
-    (2, 5, 8)
+    {position_table_example}
     >>> tuple(layer.embeddings.shape)
     (16, 8)
 

@@ -3,19 +3,21 @@
 Shape legend: `B` batch, `T` sequence length, `D` input features, `U` units.
 """
 
-from typing import Any
-
 import keras
 
 from keras_attention import _keras_objects
+from keras_attention import _signatures
 from keras_attention import _validation
 from keras_attention import scoring
 from keras_attention import masking
-from keras_attention._typing import Initializer
-from keras_attention._typing import Regularizer
 from keras_attention._typing import Scorer
 from keras_attention._typing import Tensor
 from keras_attention.layers.soft_attention import SoftAttention
+
+
+def _arguments(units: int, score: Scorer = "scaled_dot", dropout: float = 0.0):
+    """`SelfAttention`'s own constructor arguments, before those of every
+    layer of dense sublayers (`_keras_objects.dense_layer_arguments`)."""
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -66,26 +68,19 @@ class SelfAttention(keras.layers.Layer):
         - [Cheng et al., 2016](https://arxiv.org/abs/1601.06733)
     """
 
+    @_signatures.takes_arguments_of(
+        _keras_objects.dense_layer_arguments, adding=_arguments, before="use_bias"
+    )
     def __init__(
-        self,
-        units: int,
-        score: Scorer = "scaled_dot",
-        dropout: float = 0.0,
-        use_bias: bool = True,
-        kernel_initializer: Initializer = "glorot_uniform",
-        bias_initializer: Initializer = "zeros",
-        kernel_regularizer: Regularizer | None = None,
-        bias_regularizer: Regularizer | None = None,
-        seed: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+        self, units, score, dropout, use_bias, kernel_initializer, bias_initializer,
+        kernel_regularizer, bias_regularizer, seed, **kwargs,
+    ):
         super().__init__(**kwargs)
         self.units = _validation.check_positive_int("units", units)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        _keras_objects.store_dense_arguments(
+            self, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+            bias_regularizer,
+        )
         projection_args = dict(
             units=self.units,
             use_bias=self.use_bias,
@@ -181,12 +176,9 @@ class SelfAttention(keras.layers.Layer):
                 "units": self.units,
                 "score": scoring.serialize(self.score),
                 "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "seed": self.seed,
+                **_keras_objects.dense_layer_config(self),
             }
         )
-        weights = _keras_objects.INITIALIZERS + _keras_objects.REGULARIZERS
-        config.update(_keras_objects.serialize(self, weights))
         return config
 
 

@@ -68,12 +68,9 @@ class SinusoidalPositionEncoding(DirectCalls, PositionOutputs, keras.layers.Laye
 
     Example:
 
-    >>> import numpy as np
-    >>> embeddings = np.random.rand(2, 5, 8).astype("float32")
-    >>> encoding = SinusoidalPositionEncoding()(embeddings)
-    >>> tuple(encoding.shape)
-    (2, 5, 8)
-    >>> float(encoding[0, 0, 1])  # cos(0)
+    >>> layer = SinusoidalPositionEncoding()
+    {position_table_example}
+    >>> float(positions[0, 0, 1])  # cos(0)
     1.0
 
     References:

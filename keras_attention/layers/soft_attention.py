@@ -8,14 +8,17 @@ from typing import Any
 
 import keras
 
+from keras_attention import _docs
+from keras_attention import _signatures
 from keras_attention import _validation
 from keras_attention import scoring
 from keras_attention._typing import Scorer
-from keras_attention._typing import Tensor
 from keras_attention.layers._single_head import SingleHeadAttention
+from keras_attention.layers._single_head import call_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
+@_docs.completes
 class SoftAttention(SingleHeadAttention):
     """Soft attention: `output = softmax(s(Q, K)) V` with any scorer.
 
@@ -46,14 +49,7 @@ class SoftAttention(SingleHeadAttention):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: `(B, T, Dq)`.
-        value: `(B, S, Dv)`.
-        key: optional `(B, S, Dk)`; defaults to `value` (normal mode).
-        query_mask: optional `(B, T)` padding mask of the queries.
-        value_mask: optional `(B, S)` padding mask of the values.
-        key_mask: optional `(B, S)` padding mask of the keys; combined with
-            `value_mask`.
-        attention_mask: optional `(B, T, S)` (or `(T, S)`) mask.
+        {single_head_call_inputs}
         use_causal_mask: bool, query `t` attends only to keys
             `0 .. S - T + t` (bottom-right aligned when `T != S`).
         return_attention_scores: bool, also return the weights.
@@ -95,28 +91,10 @@ class SoftAttention(SingleHeadAttention):
         )
         self.supports_masking = True
 
-    def call(
-        self,
-        query: Tensor,
-        value: Tensor,
-        key: Tensor | None = None,
-        query_mask: Tensor | None = None,
-        value_mask: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        use_causal_mask: bool = False,
-        return_attention_scores: bool = False,
-        training: bool | None = None,
-    ):
+    @_signatures.takes_arguments_of(call_arguments)
+    def call(self, return_attention_scores, training, **inputs):
         output, weights = self._attend(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
+            **inputs,
             dropout=self.dropout,
             training=training,
             seed=self.seed_generator,

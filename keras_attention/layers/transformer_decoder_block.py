@@ -101,16 +101,10 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         self._check_inputs("decoder_sequence", decoder_sequence_shape)
-        hidden_dim = decoder_sequence_shape[-1]
         # Self attention block.
-        self.self_attention = self._attention(
-            hidden_dim, "self_attention", self.use_rotary_embedding, 0
-        )
-        self.self_attention.build(decoder_sequence_shape, decoder_sequence_shape)
-        self.self_attention_layer_norm = self._norm("self_attention_layer_norm")
-        self.self_attention_layer_norm.build(decoder_sequence_shape)
-        self.self_attention_residual_dropout = self._dropout(
-            "self_attention_residual_dropout", 1
+        self._build_attention_sublayer(
+            "self_attention", decoder_sequence_shape, decoder_sequence_shape,
+            self.use_rotary_embedding, 0,
         )
         # Cross attention block.
         self.cross_attention = None
@@ -125,23 +119,11 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
                 encoder_sequence_shape[0],
                 "batch size",
             )
-            self.cross_attention = self._attention(
-                hidden_dim, "cross_attention", False, 2
-            )
-            self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
-            self.cross_attention_layer_norm = self._norm("cross_attention_layer_norm")
-            self.cross_attention_layer_norm.build(decoder_sequence_shape)
-            self.cross_attention_residual_dropout = self._dropout(
-                "cross_attention_residual_dropout", 3
+            self._build_attention_sublayer(
+                "cross_attention", decoder_sequence_shape, encoder_sequence_shape, False, 2
             )
         # Feedforward block.
-        self.feedforward = self._feedforward(4)
-        self.feedforward.build(decoder_sequence_shape)
-        self.feedforward_layer_norm = self._norm("feedforward_layer_norm")
-        self.feedforward_layer_norm.build(decoder_sequence_shape)
-        self.feedforward_residual_dropout = self._dropout(
-            "feedforward_residual_dropout", 5
-        )
+        self._build_feedforward_sublayer(decoder_sequence_shape, 4)
         self.built = True
 
     def call(

@@ -105,25 +105,12 @@ class TransformerEncoderBlock(_block_io.EncoderOutputSpec, ChecksOutputPositions
 
     def build(self, inputs_shape):
         self._check_inputs("inputs", inputs_shape)
-        hidden_dim = inputs_shape[-1]
         # Self attention block.
-        self.self_attention = self._attention(
-            hidden_dim, "self_attention", self.use_rotary_embedding, 0
-        )
-        self.self_attention.build(inputs_shape, inputs_shape)
-        self.self_attention_layer_norm = self._norm("self_attention_layer_norm")
-        self.self_attention_layer_norm.build(inputs_shape)
-        self.self_attention_residual_dropout = self._dropout(
-            "self_attention_residual_dropout", 1
+        self._build_attention_sublayer(
+            "self_attention", inputs_shape, inputs_shape, self.use_rotary_embedding, 0
         )
         # Feedforward block.
-        self.feedforward = self._feedforward(2)
-        self.feedforward.build(inputs_shape)
-        self.feedforward_layer_norm = self._norm("feedforward_layer_norm")
-        self.feedforward_layer_norm.build(inputs_shape)
-        self.feedforward_residual_dropout = self._dropout(
-            "feedforward_residual_dropout", 3
-        )
+        self._build_feedforward_sublayer(inputs_shape, 2)
         self.built = True
 
     def call(

@@ -6,8 +6,9 @@ sublayers as our blocks, in kernels of the same layout (attention kernels
 pairs are listed once, in `keras_attention.layers._keras_interop`). So do
 those of KerasHub's LLaMA decoder layers (`llama_block_pairs`), and the
 embeddings and final norms of its GPT-2, LLaMA, BART and BERT backbones
-(`gpt_pairs`, `bart_pairs`, `bert_pairs`): each a model's embedding pairs,
-then its blocks' (`weight_pairs`), copied by `built_from`.
+(`gpt_pairs`, `bart_pairs`, `bert_pairs`): each a model's embedding pairs
+(by name: `named_pairs`), then its blocks' (`weight_pairs`), copied by
+`built_from`.
 """
 
 import functools
@@ -24,6 +25,17 @@ def weight_pairs(embeddings, *stacks):
     for ours, theirs, block_pairs_of in stacks:
         for our_block, their_block in zip(ours, theirs):
             pairs += block_pairs_of(our_block, their_block)
+    return pairs
+
+
+def named_pairs(ours, theirs, *names):
+    """`(ours.<name>, theirs.<name>)` for each of `names`: the name of a
+    sublayer both hold (ours keep KerasHub's names), or a pair `(our name,
+    their name)`."""
+    pairs = []
+    for name in names:
+        our_name, their_name = (name, name) if isinstance(name, str) else name
+        pairs.append((getattr(ours, our_name), getattr(theirs, their_name)))
     return pairs
 
 
@@ -198,13 +210,12 @@ def bart_arguments(backbone, kwargs):
 
 def bart_pairs(model, backbone):
     """(our sublayer, the `BartBackbone`'s) pairs, in weight order."""
-    embeddings = [
-        (model.token_embedding, backbone.token_embedding),
-        (model.encoder_position_embedding, backbone.encoder_position_embedding),
-        (model.decoder_position_embedding, backbone.decoder_position_embedding),
-        (model.encoder_embedding_norm, backbone.encoder_embeddings_layer_norm),
-        (model.decoder_embedding_norm, backbone.decoder_embeddings_layer_norm),
-    ]
+    embeddings = named_pairs(
+        model, backbone, "token_embedding", "encoder_position_embedding",
+        "decoder_position_embedding",
+        ("encoder_embedding_norm", "encoder_embeddings_layer_norm"),
+        ("decoder_embedding_norm", "decoder_embeddings_layer_norm"),
+    )
     return weight_pairs(
         embeddings,
         (model.encoder.blocks, backbone.encoder_transformer_layers, block_pairs),
@@ -222,13 +233,10 @@ def bart_pairs(model, backbone):
 def bert_pairs(encoder, backbone):
     """(our sublayer, the `BertBackbone`'s) pairs of a `BertEncoder`, in
     weight order."""
-    embeddings = [
-        (encoder.token_embedding, backbone.token_embedding),
-        (encoder.position_embedding, backbone.position_embedding),
-        (encoder.segment_embedding, backbone.segment_embedding),
-        (encoder.embeddings_layer_norm, backbone.embeddings_layer_norm),
-        (encoder.pooled_dense, backbone.pooled_dense),
-    ]
+    embeddings = named_pairs(
+        encoder, backbone, "token_embedding", "position_embedding", "segment_embedding",
+        "embeddings_layer_norm", "pooled_dense",
+    )
     return weight_pairs(
         embeddings, (encoder.encoder.blocks, backbone.transformer_layers, block_pairs)
     )

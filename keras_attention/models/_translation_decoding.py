@@ -67,16 +67,10 @@ class TranslationDecoding:
         return beam_search.take_rows(self_caches, rows), cross_caches, mask
 
     def _get_generator(self):
-        if self._generator is None:
-            self._generator = generation.Generator(
-                step=self._decoding_step,
-                empty_caches=self._decoding_caches,
-                variables=lambda: self.variables,
-                vocabulary_size=self.target_vocabulary_size,
-                max_length=self.max_target_length,
-                max_length_name="max_target_length",
-                reorder_caches=self._reorder_caches,
-                # The decoder reads the pad id as padding: never generated.
-                pad_is_padding=True,
-            )
-        return self._generator
+        return generation.model_generator(
+            self, self._decoding_step, self._decoding_caches, self.target_vocabulary_size,
+            max_length_name="max_target_length",
+            reorder_caches=self._reorder_caches,
+            # The decoder reads the pad id as padding: never generated.
+            pad_is_padding=True,
+        )

@@ -19,6 +19,7 @@ from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import ReversibleEmbedding
 from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _keras_hub
+from keras_attention.models import _model_arguments
 
 # The names of the inputs, as KerasHub's `BertBackbone` takes them.
 INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
@@ -30,6 +31,22 @@ ENCODER_ARGUMENTS = (
     "intermediate_dim", "dropout", "max_sequence_length", "num_segments",
     "layer_norm_epsilon", "initializer_range", "attention_dropout", "seed",
 )
+
+
+def _arguments(
+    vocabulary_size: int,
+    num_layers: int,
+    num_heads: int,
+    hidden_dim: int,
+    intermediate_dim: int,
+    dropout: float = 0.1,
+    max_sequence_length: int = 512,
+    num_segments: int = 2,
+    layer_norm_epsilon: float = 1e-12,
+    initializer_range: float = 0.02,
+):
+    """`BertEncoder`'s own constructor arguments, before those every model ends
+    with (`_model_arguments.ends_with`)."""
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -98,31 +115,20 @@ class BertEncoder(keras.layers.Layer):
         - [Devlin et al., 2019](https://arxiv.org/abs/1810.04805)
     """
 
+    @_model_arguments.takes_arguments(_arguments)
     def __init__(
-        self,
-        vocabulary_size: int,
-        num_layers: int,
-        num_heads: int,
-        hidden_dim: int,
-        intermediate_dim: int,
-        dropout: float = 0.1,
-        max_sequence_length: int = 512,
-        num_segments: int = 2,
-        layer_norm_epsilon: float = 1e-12,
-        initializer_range: float = 0.02,
-        attention_dropout: float | None = None,
-        seed: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+        self, vocabulary_size, num_layers, num_heads, hidden_dim, intermediate_dim, dropout,
+        max_sequence_length, num_segments, layer_norm_epsilon, initializer_range, attention_dropout,
+        seed, **kwargs,
+    ):
         super().__init__(**kwargs)
-        check = _validation.check_positive_int
-        self.vocabulary_size = check("vocabulary_size", vocabulary_size)
-        self.num_layers = check("num_layers", num_layers)
-        self.num_heads, self.hidden_dim, self.intermediate_dim, self.dropout = (
-            _validation.check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout)
+        _model_arguments.store_sizes(
+            self, num_heads, hidden_dim, intermediate_dim, dropout,
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            max_sequence_length=max_sequence_length,
+            num_segments=num_segments,
         )
-        self.max_sequence_length = check("max_sequence_length", max_sequence_length)
-        self.num_segments = check("num_segments", num_segments)
         positive = _validation.check_positive_float
         self.layer_norm_epsilon = positive("layer_norm_epsilon", layer_norm_epsilon)
         self.initializer_range = positive("initializer_range", initializer_range)

@@ -445,6 +445,21 @@ class Generator:
         return self._functions[key]
 
 
+def model_generator(
+    model, step, empty_caches, vocabulary_size, max_length_name="max_sequence_length", **options
+):
+    """`model`'s `Generator`, made at the first call and kept as
+    `model._generator`; `Generator`'s arguments, but that the variables
+    are the model's and `max_length` the model's attribute named
+    `max_length_name`. `options`: `Generator`'s other arguments."""
+    if model._generator is None:
+        model._generator = Generator(
+            step, empty_caches, lambda: model.variables, vocabulary_size,
+            getattr(model, max_length_name), max_length_name, **options,
+        )
+    return model._generator
+
+
 def _with_direct_calls(loop):
     """`loop` with its layers called through their own `call` where Keras's
     wrapper would add nothing (`layers/_direct_calls.py`)."""

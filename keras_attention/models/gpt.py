@@ -5,6 +5,7 @@ size, `D` width (`hidden_dim`), `N` layers, `L` cache length, `G` key/value
 heads, `K` head size.
 """
 
+import inspect
 from typing import Any
 
 import keras
@@ -21,6 +22,7 @@ from keras_attention.layers.token_and_position_embedding import (
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.models import _generation_args
 from keras_attention.models import _keras_hub
+from keras_attention.models import _model_arguments
 from keras_attention.models import _text
 from keras_attention.models import _text_tasks
 from keras_attention.models import generation
@@ -28,14 +30,34 @@ from keras_attention.models import layouts
 
 POSITIONS = ("learned", "rotary")
 
-# The constructor arguments `get_config` saves as the attributes hold them.
-_CONFIG_NAMES = (
-    "vocabulary_size", "max_sequence_length", "num_layers", "num_heads",
-    "hidden_dim", "intermediate_dim", "dropout", "layer_norm_epsilon",
-    "num_key_value_heads", "use_bias", "normalization", "positions",
-    "rotary_max_wavelength", "gated_feedforward", "tie_weights",
-    "initializer_range", "attention_dropout", "seed",
-)
+
+def _arguments(
+    vocabulary_size: int,
+    max_sequence_length: int,
+    num_layers: int,
+    num_heads: int,
+    hidden_dim: int,
+    intermediate_dim: int,
+    dropout: float = 0.0,
+    activation: Activation = "gelu_approximate",
+    layer_norm_epsilon: float = 1e-5,
+    num_key_value_heads: int | None = None,
+    use_bias: bool = True,
+    normalization: str = "layer_norm",
+    positions: str = "learned",
+    rotary_max_wavelength: int = 10000,
+    gated_feedforward: bool = False,
+    tie_weights: bool = True,
+    initializer_range: float = 0.02,
+):
+    """`GPT`'s own constructor arguments, before those every model ends
+    with (`_model_arguments.ends_with`)."""
+
+
+# The constructor arguments `get_config` saves as the attributes hold them
+# (`activation` as the decoder's blocks hold it).
+_CONFIG_NAMES = tuple(n for n in inspect.signature(_arguments).parameters if n != "activation")
+_CONFIG_NAMES += ("attention_dropout", "seed")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -147,36 +169,19 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
     # inference and `generate` all run its layers.
     decoder_class = TransformerDecoderStack
 
+    @_model_arguments.takes_arguments(_arguments)
     def __init__(
-        self,
-        vocabulary_size: int,
-        max_sequence_length: int,
-        num_layers: int,
-        num_heads: int,
-        hidden_dim: int,
-        intermediate_dim: int,
-        dropout: float = 0.0,
-        activation: Activation = "gelu_approximate",
-        layer_norm_epsilon: float = 1e-5,
-        num_key_value_heads: int | None = None,
-        use_bias: bool = True,
-        normalization: str = "layer_norm",
-        positions: str = "learned",
-        rotary_max_wavelength: int = 10000,
-        gated_feedforward: bool = False,
-        tie_weights: bool = True,
-        initializer_range: float = 0.02,
-        attention_dropout: float | None = None,
-        seed: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+        self, vocabulary_size, max_sequence_length, num_layers, num_heads, hidden_dim,
+        intermediate_dim, dropout, activation, layer_norm_epsilon, num_key_value_heads, use_bias,
+        normalization, positions, rotary_max_wavelength, gated_feedforward, tie_weights,
+        initializer_range, attention_dropout, seed, **kwargs,
+    ):
         super().__init__(**kwargs)
-        check = _validation.check_positive_int
-        self.vocabulary_size = check("vocabulary_size", vocabulary_size)
-        self.max_sequence_length = check("max_sequence_length", max_sequence_length)
-        self.num_layers = check("num_layers", num_layers)
-        self.num_heads, self.hidden_dim, self.intermediate_dim, self.dropout = (
-            _validation.check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout)
+        _model_arguments.store_sizes(
+            self, num_heads, hidden_dim, intermediate_dim, dropout,
+            vocabulary_size=vocabulary_size,
+            max_sequence_length=max_sequence_length,
+            num_layers=num_layers,
         )
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
@@ -421,15 +426,10 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         )
         if not self.built:
             self.build((None, None))
-        if self._generator is None:
-            self._generator = generation.Generator(
-                step=self._call_with_layer_caches,
-                empty_caches=self._empty_layer_caches,
-                variables=lambda: self.variables,
-                vocabulary_size=self.vocabulary_size,
-                max_length=self.max_sequence_length,
-            )
-        return self._generator.run(
+        generator = generation.model_generator(
+            self, self._call_with_layer_caches, self._empty_layer_caches, self.vocabulary_size
+        )
+        return generator.run(
             prompt,
             max_new_tokens,
             sampling=sampling,

@@ -26,6 +26,7 @@ from keras_attention.layers.transformer_encoder import TransformerEncoderStack
 from keras_attention.models import _generation_args
 from keras_attention.models._translation_decoding import TranslationDecoding
 from keras_attention.models import _keras_hub
+from keras_attention.models import _model_arguments
 from keras_attention.models import _text
 from keras_attention.models import _text_tasks
 from keras_attention.models import layouts
@@ -41,6 +42,30 @@ _CONFIG_NAMES = (
     "embedding_layer_norm", "pad_token_id", "scale_embeddings",
     "layer_norm_epsilon", "attention_dropout", "seed",
 )
+
+
+def _arguments(
+    source_vocabulary_size: int,
+    target_vocabulary_size: int,
+    max_source_length: int,
+    max_target_length: int,
+    num_encoder_layers: int = 6,
+    num_decoder_layers: int = 6,
+    num_heads: int = 8,
+    hidden_dim: int = 512,
+    intermediate_dim: int = 2048,
+    dropout: float = 0.1,
+    activation: Activation = "relu",
+    normalize_first: bool = False,
+    positions: str = "sinusoidal",
+    share_embeddings: bool = False,
+    embedding_layer_norm: bool = False,
+    pad_token_id: int = 0,
+    scale_embeddings: bool = True,
+    layer_norm_epsilon: float = 1e-5,
+):
+    """`Seq2SeqTransformer`'s own constructor arguments, before those every model ends
+    with (`_model_arguments.ends_with`)."""
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -141,40 +166,22 @@ class Seq2SeqTransformer(
     encoder_class = TransformerEncoderStack
     decoder_class = TransformerDecoderStack
 
+    @_model_arguments.takes_arguments(_arguments)
     def __init__(
-        self,
-        source_vocabulary_size: int,
-        target_vocabulary_size: int,
-        max_source_length: int,
-        max_target_length: int,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        num_heads: int = 8,
-        hidden_dim: int = 512,
-        intermediate_dim: int = 2048,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        normalize_first: bool = False,
-        positions: str = "sinusoidal",
-        share_embeddings: bool = False,
-        embedding_layer_norm: bool = False,
-        pad_token_id: int = 0,
-        scale_embeddings: bool = True,
-        layer_norm_epsilon: float = 1e-5,
-        attention_dropout: float | None = None,
-        seed: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+        self, source_vocabulary_size, target_vocabulary_size, max_source_length, max_target_length,
+        num_encoder_layers, num_decoder_layers, num_heads, hidden_dim, intermediate_dim, dropout,
+        activation, normalize_first, positions, share_embeddings, embedding_layer_norm,
+        pad_token_id, scale_embeddings, layer_norm_epsilon, attention_dropout, seed, **kwargs,
+    ):
         super().__init__(**kwargs)
-        check = _validation.check_positive_int
-        self.source_vocabulary_size = check("source_vocabulary_size", source_vocabulary_size)
-        self.target_vocabulary_size = check("target_vocabulary_size", target_vocabulary_size)
-        self.max_source_length = check("max_source_length", max_source_length)
-        self.max_target_length = check("max_target_length", max_target_length)
-        self.num_encoder_layers = check("num_encoder_layers", num_encoder_layers)
-        self.num_decoder_layers = check("num_decoder_layers", num_decoder_layers)
-        self.num_heads, self.hidden_dim, self.intermediate_dim, self.dropout = (
-            _validation.check_transformer_dims(num_heads, hidden_dim, intermediate_dim, dropout)
+        _model_arguments.store_sizes(
+            self, num_heads, hidden_dim, intermediate_dim, dropout,
+            source_vocabulary_size=source_vocabulary_size,
+            target_vocabulary_size=target_vocabulary_size,
+            max_source_length=max_source_length,
+            max_target_length=max_target_length,
+            num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers,
         )
         self.activation = activation
         self.normalize_first = bool(normalize_first)

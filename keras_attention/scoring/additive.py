@@ -42,10 +42,8 @@ class Additive(Scorer):
 
     Example:
 
-    >>> import numpy as np
     >>> scorer = Additive(units=8)
-    >>> tuple(scorer(np.ones((2, 3, 5)), np.ones((2, 4, 6))).shape)
-    (2, 3, 4)
+    {scorer_example}
 
     References:
         - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)

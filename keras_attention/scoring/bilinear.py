@@ -33,10 +33,8 @@ class Bilinear(Scorer):
 
     Example:
 
-    >>> import numpy as np
     >>> scorer = Bilinear()
-    >>> tuple(scorer(np.ones((2, 3, 5)), np.ones((2, 4, 6))).shape)
-    (2, 3, 4)
+    {scorer_example}
 
     References:
         - [Luong et al., 2015](https://arxiv.org/abs/1508.04025)
