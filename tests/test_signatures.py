@@ -4,6 +4,7 @@ import inspect
 import types
 import typing
 
+import keras
 import numpy as np
 import pytest
 
@@ -146,11 +147,14 @@ def test_hard_attention_takes_soft_attention_s_arguments_and_return_log_prob():
     assert [p.name for p in hard] == [p.name for p in soft[:-1]] + ["return_log_prob", "training"]
     assert hard[:-2] == soft[:-1] and hard[-1] == soft[-1]
     assert hard[-2].default is False and hard[-2].annotation is bool
-    spec = inspect.signature(HardAttention.compute_output_spec)
-    assert str(spec) == (
-        "(self, query, value, key=None, return_attention_scores=False, "
-        "return_log_prob=False, **kwargs)"
+    # The output specs bind the call's arguments as `call` does.
+    query, value = keras.Input((5, 8)), keras.Input((7, 8))
+    specs = HardAttention(selection="argmax")(
+        query, value, return_attention_scores=True, return_log_prob=True
     )
+    assert [tuple(x.shape) for x in specs] == [
+        (None, 5, 8), (None, 5, 7), (None, 5, 7), (None,), (None,)
+    ]
 
 
 def test_soft_and_hard_attention_bind_positional_arguments_as_their_signatures_say():

@@ -5,6 +5,8 @@ Shape legend: `B` batch, `T` query length, `S` key/value length, `Dq`, `Dk`,
 `Dv` feature sizes of query, key and value.
 """
 
+import inspect
+
 import keras
 
 from keras_attention import _signatures
@@ -96,6 +98,13 @@ class SingleHeadAttention(keras.layers.Layer):
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (value_shape[-1],)
+
+    def _call_arguments(self, args, kwargs):
+        """A symbolic call's arguments by name, as `call` binds them (masks
+        may come by position)."""
+        bound = inspect.signature(self.call).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments
 
     def _output_spec(self, query, value, key, num_weights):
         """The output's `KerasTensor` and a tuple of `num_weights` more of

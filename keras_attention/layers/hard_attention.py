@@ -24,7 +24,6 @@ from keras_attention import scoring
 from keras_attention._typing import Scorer
 from keras_attention.layers._single_head import SingleHeadAttention
 from keras_attention.layers._single_head import call_arguments
-from keras_attention.layers.soft_attention import SoftAttention
 
 SELECTIONS = ("argmax", "sample")
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -231,14 +230,12 @@ class HardAttention(SingleHeadAttention):
             temperature = temperature(self.iterations)
         return ops.cast(temperature, "float32")
 
-    @_signatures.takes_arguments_of(
-        SoftAttention.compute_output_spec, adding=lambda return_log_prob=False: None
-    )
-    def compute_output_spec(
-        self, query, value, key, return_attention_scores, return_log_prob, **kwargs
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        arguments = self._call_arguments(args, kwargs)
+        query, return_log_prob = arguments["query"], arguments["return_log_prob"]
         output, weights = self._output_spec(
-            query, value, key, 2 if return_attention_scores else 0
+            query, arguments["value"], arguments["key"],
+            2 if arguments["return_attention_scores"] else 0,
         )
         outputs = (output, *weights)
         if return_log_prob:

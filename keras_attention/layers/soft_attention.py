@@ -104,11 +104,11 @@ class SoftAttention(SingleHeadAttention):
             return output, weights
         return output
 
-    def compute_output_spec(
-        self, query, value, key=None, return_attention_scores=False, **kwargs
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        arguments = self._call_arguments(args, kwargs)
         output, weights = self._output_spec(
-            query, value, key, 1 if return_attention_scores else 0
+            arguments["query"], arguments["value"], arguments["key"],
+            1 if arguments["return_attention_scores"] else 0,
         )
         return (output, *weights) if weights else output
 

@@ -597,3 +597,31 @@ def test_rejects_wrongly_shaped_mask(argument, shape, message):
     query, value, _ = _inputs("dot", t=3, s=5)
     with pytest.raises(ValueError, match=message):
         SoftAttention()(query, value, **{argument: np.ones(shape, bool)})
+
+
+@pytest.mark.parametrize("name", ["SoftAttention", "HardAttention"])
+def test_symbolic_call_binds_masks_given_by_position(name):
+    """A functional model built with the masks passed by position (as `call`
+    takes them) computes the eager call, and its output specs follow
+    `return_attention_scores` given by name."""
+    from keras_attention import layers
+
+    layer = getattr(layers, name)()
+    query, value = keras.Input((5, 8)), keras.Input((7, 8))
+    query_mask = keras.Input((5,), dtype="bool")
+    value_mask = keras.Input((7,), dtype="bool")
+    output = layer(query, value, None, query_mask, value_mask)
+    assert tuple(output.shape) == (None, 5, 8)
+    model = keras.Model([query, value, query_mask, value_mask], output)
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, 5, 8)).astype("float32")
+    v = rng.normal(size=(2, 7, 8)).astype("float32")
+    q_mask = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
+    v_mask = np.array([[1] * 7, [1, 1, 1, 1, 0, 0, 0]], bool)
+    np.testing.assert_allclose(
+        harness.to_numpy(model([q, v, q_mask, v_mask])),
+        harness.to_numpy(layer(q, v, None, q_mask, v_mask)),
+        rtol=1e-6, atol=1e-6,
+    )
+    scored = layer(query, value, return_attention_scores=True)
+    assert [tuple(x.shape) for x in scored][:2] == [(None, 5, 8), (None, 5, 7)]
