@@ -141,14 +141,14 @@ def update(cache, keys, values, index, known_index=None, written_only=False):
         index: where to write, or None.
         known_index: the index's value as `check_update` returned it, or
             None where it is not known.
-        written_only: with a known index, no mask: the caller reads only
+        written_only: no mask (a known index only): the caller reads only
             the slots written so far (`written_slots`).
 
     Returns:
         `(cache, keys, values, written)`: the updated cache, all its keys and
         values `(B, L, G, K)`, and the `(T, L)` mask of the slots query `t`
         may see (`0 .. index + t`), or None when reading only or with
-        `written_only` and a known index.
+        `written_only`.
 
     An index whose value is known has been range-checked (`check_index`).
     One that is not (traced) cannot be: it is clipped to `[0, L - T]` before
@@ -168,7 +168,7 @@ def update(cache, keys, values, index, known_index=None, written_only=False):
     elif new_length is not None and cache.shape[2] is not None:
         index = ops.clip(ops.cast(index, "int32"), 0, cache.shape[2] - new_length)
     cache = write(cache, keys, values, index)
-    if written_only and known_index is not None:
+    if written_only:
         return (cache,) + read(cache) + (None,)
     written = masking.causal_mask(
         ops.shape(keys)[1], length(cache), query_start=index

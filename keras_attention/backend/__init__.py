@@ -73,6 +73,13 @@ def rms_norm(x, scale, epsilon):
     return _primitive("rms_norm")(x, scale, epsilon)
 
 
+def cast(x, dtype):
+    """`x` in `dtype`: `x` itself where it already has it, with no
+    `keras.ops` call (eagerly, as torch decodes, a call costs more than a
+    decoding step's small tensors)."""
+    return _primitive("cast")(x, dtype)
+
+
 def gelu(x):
     """The exact GELU, `x Phi(x)`, in `x`'s dtype; or None where Keras's
     `ops.gelu` is the faster one, or for a dtype the backend leaves to it

@@ -133,6 +133,12 @@ def rms_norm(x, scale, epsilon):
     return None
 
 
+def cast(x, dtype):
+    if keras.backend.standardize_dtype(x.dtype) == dtype:
+        return x
+    return ops.cast(x, dtype)
+
+
 SQRT_HALF = 0.7071067811865476
 
 

@@ -1,7 +1,6 @@
 """Layer normalization: Keras's layer, computed in the form XLA runs fastest."""
 
 import keras
-from keras import ops
 
 from keras_attention import backend
 from keras_attention._typing import Tensor
@@ -30,7 +29,5 @@ class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
         axis = [a % len(inputs.shape) for a in self.axis]
         if not self.rms_scaling and axis == last:
             output = backend.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
-            if keras.backend.standardize_dtype(output.dtype) == self.compute_dtype:
-                return output
-            return ops.cast(output, self.compute_dtype)
+            return backend.cast(output, self.compute_dtype)
         return super().call(inputs)

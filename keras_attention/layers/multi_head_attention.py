@@ -344,8 +344,11 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
             if not reads_cache:
                 k = self.rotary_embedding(k, start_index=start)  # (B, S, G, K)
         written = None  # (T, L): the cache slots each new query may see
-        # Scores and recorded weights keep the cache's length `L`.
-        written_only = not (return_attention_scores or kernels.is_recording())
+        # Where the index is known, only the slots written so far are read;
+        # scores and recorded weights keep the cache's length `L`.
+        written_only = known_index is not None and not (
+            return_attention_scores or kernels.is_recording()
+        )
         if cache is not None:
             cache, k, v, written = kv_cache.update(
                 cache, k, v, cache_update_index, known_index, written_only
@@ -363,7 +366,7 @@ class MultiHeadAttention(DirectCalls, AttentionOverAxes, KerasInterface, keras.l
             mask, written, self._window_mask(q, k, cache_update_index)
         )
         causal = use_causal_mask and cache is None
-        if cache is not None and written_only and known_index is not None:
+        if written_only:
             k, v, mask = kv_cache.written_slots(known_index + q.shape[1], k, v, mask)
             causal = True
         if type(self)._compute_attention is MultiHeadAttention._compute_attention:

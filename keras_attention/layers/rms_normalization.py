@@ -1,7 +1,6 @@
 """RMS normalization: Keras's layer, called directly while a model decodes."""
 
 import keras
-from keras import ops
 
 from keras_attention import backend
 from keras_attention._typing import Tensor
@@ -21,12 +20,10 @@ class RMSNormalization(DirectCalls, keras.layers.RMSNormalization):
     """
 
     def call(self, x: Tensor):
-        if list(self.axis) == [len(x.shape) - 1] or list(self.axis) == [-1]:
+        if [a % len(x.shape) for a in self.axis] == [len(x.shape) - 1]:
             output = backend.rms_norm(x, self.scale, self.epsilon)
             if output is not None:
-                if keras.backend.standardize_dtype(output.dtype) == self.compute_dtype:
-                    return output
-                return ops.cast(output, self.compute_dtype)
+                return backend.cast(output, self.compute_dtype)
         return super().call(x)
 
     def compute_mask(self, inputs, mask=None):

@@ -13,6 +13,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _docs
+from keras_attention import backend
 from keras_attention import _validation
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
@@ -26,13 +27,6 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 
 
 ROPE_TYPES = ("linear", "dynamic", "yarn")
-
-
-def _cast(x, dtype):
-    """`x` in `dtype`, with no `keras.ops` call where it already is."""
-    if keras.backend.standardize_dtype(x.dtype) == dtype:
-        return x
-    return ops.cast(x, dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -175,14 +169,14 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
             factor = 0.1 * math.log(self.scaling_factor) + 1.0
             cos, sin = cos * factor, sin * factor
 
-        x = _cast(x, "float32")
+        x = backend.cast(x, "float32")
         x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]  # (B, T, ..., D/2) each
         rotated = ops.concatenate(
             [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
         )  # (B, T, ..., D)
         if moved:
             rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
-        return _cast(rotated, self.compute_dtype)
+        return backend.cast(rotated, self.compute_dtype)
 
     def _inverse_frequency(self, head_dim):
         """The `D/2` angular frequencies, float64 (numpy)."""

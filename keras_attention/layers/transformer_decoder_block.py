@@ -154,7 +154,6 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
             decoder_sequence, decoder_padding_mask, encoder_sequence, encoder_padding_mask
         )
         has_cross = encoder_sequence is not None or cross_attention_cache is not None
-        batch = decoder_sequence.shape[0] or ops.shape(decoder_sequence)[0]
 
         # Self attention block.
         def self_attend(x):
@@ -167,16 +166,13 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
             if self_attention_cache is None:
                 kwargs.update(value_mask=decoder_padding_mask, use_causal_mask=use_causal_mask)
             else:
+                # The new positions' padding says nothing about the cache's
+                # earlier slots.
                 kwargs.update(
+                    value_mask=_cache_value_mask(x, self_attention_cache),
                     cache=self_attention_cache,
                     cache_update_index=self_attention_cache_update_index,
                 )
-                if masking.implicit_mask(x) is not None:
-                    # The new positions' padding says nothing about the
-                    # cache's earlier slots; all-True keeps Keras from filling
-                    # in the (T,) mask of `x` for the (L,) cache.
-                    length = kv_cache.length(self_attention_cache)
-                    kwargs.update(value_mask=ops.ones((batch, length), "bool"))
             return as_tuple(self.self_attention(x, x, **kwargs))
 
         x, self_extra = self._sublayer(
@@ -216,10 +212,8 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
                         cache, update, cross_attention_cache_update_index
                     )
                 value_mask = encoder_padding_mask
-                if value_mask is None and masking.implicit_mask(x) is not None:
-                    # Keeps Keras from filling in the (T,) mask of `x`, the
-                    # placeholder value, for the (S,) cache.
-                    value_mask = ops.ones((batch, kv_cache.length(cache)), "bool")
+                if value_mask is None:
+                    value_mask = _cache_value_mask(x, cache)  # `x`: a placeholder value
                 outputs = self.cross_attention(
                     x, x, value_mask=value_mask, cache=cache, **kwargs
                 )
@@ -311,3 +305,14 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
+
+
+def _cache_value_mask(x, cache):
+    """The value mask of a cached attention call whose value is `x` itself:
+    None (nothing masks the cache's slots), or all-True `(B, L)` where `x`
+    carries a Keras mask, which Keras's wrapper would otherwise fill in as
+    the value mask, `(B, T)` for the `(B, L)` cache."""
+    if masking.implicit_mask(x) is None:
+        return None
+    batch = x.shape[0] or ops.shape(x)[0]
+    return ops.ones((batch, kv_cache.length(cache)), "bool")

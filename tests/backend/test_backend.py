@@ -151,3 +151,11 @@ def _greedy_by_recomputation(model, source, new_tokens, start):
 def _loops(model):
     """The model's compiled decoding loops, in the order they were made."""
     return list(model._get_generator()._functions.values())
+
+
+def test_cast_returns_a_tensor_already_in_the_dtype_and_casts_otherwise():
+    x = keras.ops.convert_to_tensor(np.array([1.5, -2.25], "float32"))
+    assert backend.cast(x, "float32") is x
+    half = backend.cast(x, "float16")
+    assert keras.backend.standardize_dtype(half.dtype) == "float16"
+    np.testing.assert_array_equal(harness.to_numpy(half), np.array([1.5, -2.25], "float16"))
