@@ -51,8 +51,18 @@ def dense(x, kernel, bias, inputs=1, dtype=None):
     return output.reshape(*leading, *kernel.shape[inputs:])
 
 
+def cast(x, dtype):
+    """`common.cast` with the dtype compared as torch's (Keras's
+    `standardize_dtype` costs more than a decoding step's small tensors)."""
+    if isinstance(x, torch.Tensor) and x.dtype == getattr(torch, str(dtype), None):
+        return x
+    return common.cast(x, dtype)
+
+
 def _tensor(x):
-    """A variable's value (a torch tensor), or `x` as a tensor."""
+    """`x` itself if a torch tensor, a variable's value, or `x` as a tensor."""
+    if isinstance(x, torch.Tensor):
+        return x
     return x.value if isinstance(x, keras.Variable) else ops.convert_to_tensor(x)
 
 

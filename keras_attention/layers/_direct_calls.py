@@ -21,6 +21,10 @@ own `call` when the wrapper would change nothing:
 The code that runs is the layer's `call`, the one the wrapper would run: a
 subclass's override takes effect either way. Anything else takes the
 wrapper, as does every call outside `inference()` (training included).
+
+A layer may also keep values that depend on no input between the calls of
+one `inference()` (`memo`): the loop calls it once a token, with the same
+constants (the rotary embedding's angles of the positions so far).
 """
 
 import contextlib
@@ -35,12 +39,22 @@ _STATE = threading.local()
 @contextlib.contextmanager
 def inference():
     """Direct calls for the layers called inside, which run in inference."""
-    previous = getattr(_STATE, "active", False)
-    _STATE.active = True
+    previous = getattr(_STATE, "active", False), getattr(_STATE, "memos", None)
+    _STATE.active, _STATE.memos = True, {}
     try:
         yield
     finally:
-        _STATE.active = previous
+        _STATE.active, _STATE.memos = previous
+
+
+def memo(layer):
+    """A dict `layer` may fill and read again until the innermost
+    `inference()` ends; None outside `inference()`. Only eager code runs
+    inside (`Preferences.direct_calls`), so the values are concrete."""
+    memos = getattr(_STATE, "memos", None)
+    if memos is None:
+        return None
+    return memos.setdefault(id(layer), {})
 
 
 def _plain(value):

@@ -17,6 +17,7 @@ from keras_attention import backend
 from keras_attention import _validation
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
+from keras_attention.layers import _direct_calls
 from keras_attention.layers._direct_calls import DirectCalls
 from keras_attention.layers.sinusoidal_position_encoding import (
     PositionOutputs,
@@ -150,33 +151,61 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         x = inputs
         if moved:
             x = ops.moveaxis(x, (sequence_axis, feature_axis), (1, -1))  # (B, T, ..., D)
-        head_dim, extra_axes = x.shape[-1], len(x.shape) - 3
         # Tensor indexing and operators rather than `keras.ops` calls where
         # they do the same: eagerly (torch's decoding loop) each `keras.ops`
-        # call costs more than this rotation's arithmetic.
-        positions = standardize_positions(x, start_index, positions)  # (T,) or (B, T)
+        # call costs more than this rotation's arithmetic. Full-width `cos`
+        # (`[cos, cos]`) and `sin` (`[-sin, sin]`) rotate every pair in one
+        # product with the halves of `x` swapped.
+        cos, sin = self._cos_sin(x, start_index, positions)  # (B|1, T, 1, .., D) each
+        x = backend.cast(x, "float32")
+        half = x.shape[-1] // 2
+        swapped = ops.concatenate([x[..., half:], x[..., :half]], axis=-1)  # (B, T, ..., D)
+        rotated = x * cos + swapped * sin  # (B, T, ..., D)
+        if moved:
+            rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
+        return backend.cast(rotated, self.compute_dtype)
+
+    def _cos_sin(self, x, start_index, positions):
+        """`[cos, cos]` and `[-sin, sin]` of the angles of the positions of
+        `x` `(B, T, ..., D)`: `(B|1, T, 1, .., D)` each.
+
+        Inside a decoding loop (`_direct_calls.inference()`), a known start
+        slices them from those of positions `0 .. n`, computed once for the
+        loop: its steps ask for one more position each.
+        """
+        head_dim, length = x.shape[-1], x.shape[1]
+        memo = _direct_calls.memo(self)
+        if memo is None or positions is not None or type(start_index) is not int:
+            return self._angles(standardize_positions(x, start_index, positions), x)
+        end = start_index + length
+        key = (head_dim, len(x.shape))
+        known, table = memo.get(key, (0, None))
+        if known < end:
+            known = max(end, 2 * known)
+            table = self._angles(ops.arange(known, dtype="float32"), x)
+            memo[key] = known, table
+        return tuple(t[:, start_index:end] for t in table)
+
+    def _angles(self, positions, x):
+        """`[cos, cos]` and `[-sin, sin]` of the angles of float32
+        `positions` `(T,)` or `(B, T)`, broadcastable to `x` `(B, T, ..., D)`:
+        `(B|1, T, 1, .., D)` each."""
         if len(positions.shape) == 1:
             positions = positions[None]  # (1, T)
         # On the backend's device: torch will not multiply a GPU tensor by a
         # numpy array.
         inverse_frequency = ops.convert_to_tensor(
-            self._inverse_frequency(head_dim).astype("float32")
+            self._inverse_frequency(x.shape[-1]).astype("float32")
         )  # (D/2,)
         angles = positions[..., None] * inverse_frequency  # (B|1, T, D/2)
-        angles = angles[(slice(None), slice(None)) + (None,) * extra_axes]  # (B|1, T, 1, .., D/2)
         cos, sin = ops.cos(angles), ops.sin(angles)
         if self.rope_type == "yarn":
             factor = 0.1 * math.log(self.scaling_factor) + 1.0
             cos, sin = cos * factor, sin * factor
-
-        x = backend.cast(x, "float32")
-        x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]  # (B, T, ..., D/2) each
-        rotated = ops.concatenate(
-            [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
-        )  # (B, T, ..., D)
-        if moved:
-            rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
-        return backend.cast(rotated, self.compute_dtype)
+        cos = ops.concatenate([cos, cos], axis=-1)  # (B|1, T, D)
+        sin = ops.concatenate([-sin, sin], axis=-1)
+        expand = (slice(None), slice(None)) + (None,) * (len(x.shape) - 3)
+        return cos[expand], sin[expand]  # (B|1, T, 1, .., D)
 
     def _inverse_frequency(self, head_dim):
         """The `D/2` angular frequencies, float64 (numpy)."""

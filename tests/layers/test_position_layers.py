@@ -16,6 +16,7 @@ from keras_attention.layers import PositionEmbedding
 from keras_attention.layers import RotaryEmbedding
 from keras_attention.layers import SinusoidalPositionEncoding
 from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import _direct_calls
 
 BATCH, LENGTH, DIM = 2, 5, 8
 HEADS, HEAD_DIM = 2, 8
@@ -414,6 +415,37 @@ def test_rotary_in_a_while_loop_with_a_tensor_start_index():
 
     rotated = harness.to_numpy(_compiled(decode)(x))
     np.testing.assert_allclose(rotated, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "yarn"])
+def test_rotary_inside_a_decoding_loop_slices_the_angles_it_computed(rope_type):
+    """Inside `inference()` (an eager decoding loop) a known start reads
+    `cos` and `sin` from those computed for the positions so far: the same
+    values as a call outside, as the table grows, for several ranks and
+    after the loop ends."""
+    kwargs = {"rope_type": rope_type, "scaling_factor": 4.0}
+    layer = RotaryEmbedding(**kwargs)
+    x = _heads(length=SEQUENCE_LENGTH)  # (B, T, H, D)
+    x3 = x[:, :, 0]  # (B, T, D)
+    expected = harness.to_numpy(layer(x))
+    expected3 = harness.to_numpy(layer(x3))
+    with _direct_calls.inference():
+        table = _direct_calls.memo(layer)
+        # A 2-token prompt, then one token a step: the table is computed for 2
+        # positions, then 4, then 8.
+        pieces = [layer(ops.convert_to_tensor(x[:, :2]), start_index=0)]
+        for start in range(2, SEQUENCE_LENGTH):
+            step = ops.convert_to_tensor(x[:, start : start + 1])
+            pieces.append(layer(step, start_index=start))
+        assert sorted(known for known, _ in table.values()) == [SEQUENCE_LENGTH]
+        rank3 = layer(ops.convert_to_tensor(x3[:, 5:7]), start_index=5)
+    got = np.concatenate([harness.to_numpy(piece) for piece in pieces], axis=1)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(harness.to_numpy(rank3), expected3[:, 5:7])
+    if rope_type == "linear":
+        reference = rotary_reference(x, np.arange(SEQUENCE_LENGTH), scaling_factor=4.0)
+        np.testing.assert_allclose(got, reference, atol=1e-5)
+    assert _direct_calls.memo(layer) is None  # nothing is kept after the loop
 
 
 def test_rotary_and_sinusoidal_compiled_with_dynamic_lengths():
