@@ -50,20 +50,8 @@ def as_rank4(mask):
 
 
 def attention(
-    query,
-    key,
-    value,
-    scorer,
-    mask=None,
-    causal=False,
-    cached=False,
-    dropout=0.0,
-    training=False,
-    seed=None,
-    normalize=None,
-    return_weights=False,
-    fused=True,
-    owner=None,
+    query, key, value, scorer, mask=None, causal=False, cached=False, dropout=0.0,
+    training=False, seed=None, normalize=None, return_weights=False, fused=True, owner=None,
 ):
     """Multi-head attention of projected heads, on the kernel the table picks.
 

@@ -126,14 +126,7 @@ def poison_outputs(output, sees_bad):
 
 
 def attention(
-    query,
-    key,
-    value,
-    scorer,
-    mask=None,
-    dropout=0.0,
-    training=False,
-    seed=None,
+    query, key, value, scorer, mask=None, dropout=0.0, training=False, seed=None,
     normalize=masked_softmax,
 ):
     """Attention as a function: `normalize(scorer(q, K), mask) @ V`.
