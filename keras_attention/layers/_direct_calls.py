@@ -22,9 +22,9 @@ The code that runs is the layer's `call`, the one the wrapper would run: a
 subclass's override takes effect either way. Anything else takes the
 wrapper, as does every call outside `inference()` (training included).
 
-A layer may also keep values that depend on no input between the calls of
-one `inference()` (`memo`): the loop calls it once a token, with the same
-constants (the rotary embedding's angles of the positions so far).
+Layers may also keep values that depend on no input between the calls of
+one `inference()` (`memo`): the loop calls them once a token, with the same
+constants (the rotary embeddings' angles of the positions so far).
 """
 
 import contextlib
@@ -47,14 +47,15 @@ def inference():
         _STATE.active, _STATE.memos = previous
 
 
-def memo(layer):
-    """A dict `layer` may fill and read again until the innermost
-    `inference()` ends; None outside `inference()`. Only eager code runs
-    inside (`Preferences.direct_calls`), so the values are concrete."""
+def memo(key):
+    """A dict that the layers calling with `key` (hashable) may fill and
+    read again until the innermost `inference()` ends; None outside
+    `inference()`. Only eager code runs inside (`Preferences.direct_calls`),
+    so the values are concrete."""
     memos = getattr(_STATE, "memos", None)
     if memos is None:
         return None
-    return memos.setdefault(id(layer), {})
+    return memos.setdefault(key, {})
 
 
 def _plain(value):

@@ -171,20 +171,31 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
 
         Inside a decoding loop (`_direct_calls.inference()`), a known start
         slices them from those of positions `0 .. n`, computed once for the
-        loop: its steps ask for one more position each.
+        loop (its steps ask for one more position each) and shared by the
+        loop's rotary embeddings of one configuration (every block's).
         """
-        head_dim, length = x.shape[-1], x.shape[1]
-        memo = _direct_calls.memo(self)
+        memo = _direct_calls.memo(self._memo_key())
         if memo is None or positions is not None or type(start_index) is not int:
             return self._angles(standardize_positions(x, start_index, positions), x)
-        end = start_index + length
-        key = (head_dim, len(x.shape))
+        end = start_index + x.shape[1]
+        key = (x.shape[-1], len(x.shape))
         known, table = memo.get(key, (0, None))
         if known < end:
             known = max(end, 2 * known)
             table = self._angles(ops.arange(known, dtype="float32"), x)
             memo[key] = known, table
         return tuple(t[:, start_index:end] for t in table)
+
+    def _memo_key(self):
+        """What the angles depend on: the configuration, or for a subclass,
+        which may compute them from more, the layer itself."""
+        if type(self) is not RotaryEmbedding:
+            return id(self)
+        return (
+            RotaryEmbedding, self.max_wavelength, self.scaling_factor, self.rope_type,
+            self.beta_fast, self.beta_slow, self.original_max_position_embeddings,
+            self.truncate, self.denominator_dim,
+        )
 
     def _angles(self, positions, x):
         """`[cos, cos]` and `[-sin, sin]` of the angles of float32
