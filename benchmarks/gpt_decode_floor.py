@@ -1,0 +1,203 @@
+"""GPT greedy decoding on JAX against a loop written by hand, in one process.
+
+`gpt_speed.py` times `GPT.generate` against KerasHub's `GPT2CausalLM`. This
+script adds what the same decoding costs without Keras or the package, so
+that a ratio against KerasHub can be read against the best one this machine
+allows:
+
+- `floor`: greedy decoding of the same weights written directly in
+  `jax.numpy` and compiled as one `jax.jit`, the loop a JAX user would write
+  by hand for this model: the prompt in one pass, then a `fori_loop` of
+  one-token steps over a cache of the whole length laid out for the products
+  (`(H, L, K)` keys and values, no copies or transposes per step), one Q/K/V
+  product with the kernels concatenated once, no masks beyond the positions
+  not yet written, no guards. The weights are arguments, as in the other
+  two;
+- `ours`: `keras_attention.models.GPT.generate` (the GPT-2 configuration,
+  weights from the KerasHub backbone with `GPT.from_keras_hub`);
+- `keras_hub`: `GPT2CausalLM.generate` with the greedy sampler.
+
+All three must decode the same tokens (checked before timing). Sizes: the
+`cpu` preset of `examples/gpt_lm` (4 layers, 4 heads, width 128, 65 tokens),
+batch 1, a 16-token prompt, as in `gpt_speed.py`. Medians of `--repeats`
+rounds, the three in turn within a round.
+
+    python benchmarks/gpt_decode_floor.py                    # --lengths 64,128,256
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+LAYERS, HEADS, WIDTH, INTERMEDIATE, VOCABULARY = 4, 4, 128, 512, 65
+PROMPT_LENGTH = 16
+EPSILON = 1e-5
+
+
+def floor_decoder(backbone, total_length):
+    """A jitted `decode(params, prompt) -> tokens (L,)` and its params, from
+    a KerasHub `GPT2Backbone`'s weights."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    head_size = WIDTH // HEADS
+    weights = {w.path: np.asarray(w.numpy()) for w in backbone.weights}
+
+    def block_params(i):
+        prefix = f"transformer_layer_{i}/"
+
+        def get(name):
+            return weights[prefix + name]
+
+        qkv = [get(f"self_attention/{n}/kernel").reshape(WIDTH, WIDTH) for n in ("query", "key", "value")]
+        qkv_bias = [get(f"self_attention/{n}/bias").reshape(WIDTH) for n in ("query", "key", "value")]
+        return {
+            "norm_1": (get("self_attention_layer_norm/gamma"), get("self_attention_layer_norm/beta")),
+            "qkv": (np.concatenate(qkv, axis=1), np.concatenate(qkv_bias)),
+            "output": (
+                get("self_attention/attention_output/kernel").reshape(WIDTH, WIDTH),
+                get("self_attention/attention_output/bias"),
+            ),
+            "norm_2": (get("feedforward_layer_norm/gamma"), get("feedforward_layer_norm/beta")),
+            "up": (get("feedforward_intermediate_dense/kernel"), get("feedforward_intermediate_dense/bias")),
+            "down": (get("feedforward_output_dense/kernel"), get("feedforward_output_dense/bias")),
+        }
+
+    params = jax.tree.map(
+        jnp.asarray,
+        {
+            "token": weights["token_embedding/embeddings"],
+            "position": weights["position_embedding/embeddings"][:total_length],
+            "final_norm": (weights["layer_norm/gamma"], weights["layer_norm/beta"]),
+            "blocks": [block_params(i) for i in range(LAYERS)],
+        },
+    )
+
+    def layer_norm(x, gamma_beta):
+        gamma, beta = gamma_beta
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(variance + EPSILON) * gamma + beta
+
+    def dense(x, kernel_bias):
+        kernel, bias = kernel_bias
+        return x @ kernel + bias
+
+    def run_blocks(params, x, caches, start):
+        """`x` `(T, D)` at positions `start ..`; caches: per block `(k, v)`
+        `(H, L, K)` each. Returns the last row's logits and the caches."""
+        length = x.shape[0]
+        positions = start + jnp.arange(length)  # (T,)
+        visible = jnp.arange(total_length)[None] <= positions[:, None]  # (T, L)
+        new_caches = []
+        for block, (key_cache, value_cache) in zip(params["blocks"], caches):
+            qkv = dense(layer_norm(x, block["norm_1"]), block["qkv"])  # (T, 3D)
+            q, k, v = (t.reshape(length, HEADS, head_size).transpose(1, 0, 2) for t in jnp.split(qkv, 3, axis=-1))
+            key_cache = jax.lax.dynamic_update_slice(key_cache, k, (0, start, 0))
+            value_cache = jax.lax.dynamic_update_slice(value_cache, v, (0, start, 0))
+            scores = jnp.einsum("htk,hlk->htl", q, key_cache) / np.sqrt(head_size)
+            scores = jnp.where(visible[None], scores, -jnp.inf)
+            attended = jnp.einsum("htl,hlk->htk", jax.nn.softmax(scores, axis=-1), value_cache)
+            x = x + dense(attended.transpose(1, 0, 2).reshape(length, WIDTH), block["output"])
+            hidden = jax.nn.gelu(dense(layer_norm(x, block["norm_2"]), block["up"]), approximate=True)
+            x = x + dense(hidden, block["down"])
+            new_caches.append((key_cache, value_cache))
+        logits = layer_norm(x[-1], params["final_norm"]) @ params["token"].T  # (V,)
+        return logits, new_caches
+
+    @jax.jit
+    def decode(params, prompt):
+        empty = jnp.zeros((HEADS, total_length, head_size), "float32")
+        caches = [(empty, empty) for _ in range(LAYERS)]
+        x = params["token"][prompt] + params["position"][:PROMPT_LENGTH]
+        logits, caches = run_blocks(params, x, caches, 0)
+        tokens = jnp.zeros((total_length,), "int32").at[:PROMPT_LENGTH].set(prompt)
+        tokens = tokens.at[PROMPT_LENGTH].set(jnp.argmax(logits).astype("int32"))
+
+        def step(i, state):
+            tokens, caches = state
+            x = (params["token"][tokens[i]] + params["position"][i])[None]  # (1, D)
+            logits, caches = run_blocks(params, x, caches, i)
+            return tokens.at[i + 1].set(jnp.argmax(logits).astype("int32")), caches
+
+        tokens, _ = jax.lax.fori_loop(PROMPT_LENGTH, total_length - 1, step, (tokens, caches))
+        return tokens
+
+    return lambda prompt: np.asarray(decode(params, prompt)), params
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="64,128,256", help="total lengths, comma-separated")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    lengths = []
+    for text in args.lengths.split(","):
+        if not text.strip().isdigit() or int(text) <= PROMPT_LENGTH + 1:
+            parser.error(f"--lengths must be integers above {PROMPT_LENGTH + 1}; received {args.lengths!r}")
+        lengths.append(int(text))
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1; received {args.repeats}")
+    os.environ["KERAS_BACKEND"] = "jax"
+
+    import keras
+    import keras_hub
+    import numpy as np
+
+    from keras_attention.models import GPT
+
+    if keras.backend.backend() != "jax":
+        raise SystemExit(f"KERAS_BACKEND must be jax (or unset); it is {keras.backend.backend()!r}")
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCABULARY, num_layers=LAYERS, num_heads=HEADS, hidden_dim=WIDTH,
+        intermediate_dim=INTERMEDIATE, dropout=0.0, max_sequence_length=max(lengths),
+    )
+    theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    theirs.compile(sampler="greedy")
+    ours = GPT.from_keras_hub(backbone)
+    rng = np.random.default_rng(0)
+    for length in lengths:
+        prompt = rng.integers(1, VOCABULARY, (PROMPT_LENGTH,)).astype("int32")
+        token_ids = np.zeros((1, length), "int32")
+        token_ids[0, :PROMPT_LENGTH] = prompt
+        padding_mask = np.arange(length)[None] < PROMPT_LENGTH
+        their_inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+        floor, _ = floor_decoder(backbone, length)
+        new = length - PROMPT_LENGTH
+        runners = {
+            "floor": lambda: floor(prompt),
+            "ours": lambda: np.asarray(ours.generate(prompt[None], new))[0],
+            "keras_hub": lambda: np.asarray(
+                theirs.generate(their_inputs, stop_token_ids=None)["token_ids"]
+            )[0],
+        }
+        outputs = {name: run() for name, run in runners.items()}  # compiles
+        for name, tokens in outputs.items():
+            if not np.array_equal(tokens, outputs["floor"]):
+                raise SystemExit(f"{name} decoded other tokens than the floor at length {length}")
+        times = {name: [] for name in runners}
+        for _ in range(args.repeats):
+            for name, run in runners.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        print(
+            json.dumps(
+                {
+                    "length": length,
+                    "ms_per_token": {n: round(1e3 * m / new, 4) for n, m in medians.items()},
+                    "keras_hub / floor": round(medians["keras_hub"] / medians["floor"], 2),
+                    "keras_hub / ours": round(medians["keras_hub"] / medians["ours"], 2),
+                    "ours / floor": round(medians["ours"] / medians["floor"], 2),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
