@@ -37,12 +37,13 @@ CPU kernel cannot run float16 under jit: float32) and how the NaN guard runs:
 as a `cond` that recomputes only when an output is non-finite, or always
 (`guard_with_cond=False`: XLA fuses the masked computation, while a `cond`
 stops fusion and keeps both branches for the backward pass). Attending to a
-cache always takes the `cond`: zeroing would read and write the whole cache
-at every decoding step. The `cond` decides from the keys' and values'
-finiteness (`guard_on_inputs`), so that only the branch taken is computed
-and differentiated; a cache read decides from the output instead, one
-reduction over `T` queries rather than over the whole cache (a decoding
-step, whose gradient at a masked NaN may be NaN).
+cache takes the `cond` wherever a guard runs: recomputing would read and
+write the whole cache at every step (a one-token step whose mask has one
+row and one head needs no guard: `fused.attend`). The `cond` decides from the keys' and
+values' finiteness (`guard_on_inputs`), so that only the branch taken is
+computed and differentiated; a cache read decides from the output instead,
+one reduction over `T` queries rather than over the whole cache (its
+gradient at a masked NaN may be NaN).
 """
 
 import dataclasses

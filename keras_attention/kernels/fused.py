@@ -66,17 +66,21 @@ def masked_kernel(choice, q, k, v, mask, scale, is_causal, dropout=None):
 def attend(choice, q, k, v, mask, scale, is_causal, dropout=None):
     """A fused kernel that keeps both rules.
 
-    Finite keys and values cannot leak, so with `choice.guard_on_inputs`
-    the plain kernel runs when they are all finite, and only otherwise is
-    the attention recomputed with non-finite positions zeroed and NaN given
-    back to the queries that may see one: the check costs one reduction
-    over the keys and values. The branch is decided from the inputs, not
-    from the plain kernel's output, because a `cond` on the output would
-    differentiate the plain kernel too, kept or not: its gradient at a
-    masked NaN key is `0 * NaN` (`dQ = dS K` with `dS = 0` there), and at a
-    masked NaN value its output is NaN, which `D = rowsum(dO * O)` spreads
-    over the whole row. A cache read (`guard_on_inputs=False`) checks the
-    output instead: one reduction over `T` queries, not the whole cache.
+    Where every query sees the same keys (a mask of one row and one head: a
+    one-token decoding step, a padding mask alone), the keys and values
+    hidden from all of them are zeroed before the kernel, and nothing is
+    checked. Otherwise finite keys and values cannot leak, so with
+    `choice.guard_on_inputs` the plain kernel runs when they are all finite,
+    and only otherwise is the attention recomputed with non-finite positions
+    zeroed and NaN given back to the queries that may see one: the check
+    costs one reduction over the keys and values. The branch is decided from
+    the inputs, not from the plain kernel's output, because a `cond` on the
+    output would differentiate the plain kernel too, kept or not: its
+    gradient at a masked NaN key is `0 * NaN` (`dQ = dS K` with `dS = 0`
+    there), and at a masked NaN value its output is NaN, which
+    `D = rowsum(dO * O)` spreads over the whole row. A cache read
+    (`guard_on_inputs=False`) checks the output instead: one reduction over
+    `T` queries, not the whole cache.
 
     Args:
         choice: a `choice.Choice` of a fused kernel.
@@ -94,6 +98,15 @@ def attend(choice, q, k, v, mask, scale, is_causal, dropout=None):
     if mask is None and not is_causal:
         # Every query sees every key: nothing is hidden, nothing can leak.
         return run(choice, q, k, v, None, scale, False, dropout)
+    if not is_causal and mask.shape[1] == 1 and mask.shape[2] == 1:
+        # No check and no `cond`: a compiler fuses the zeroing into the
+        # kernel's reads of the keys and values, where a decoding step's
+        # `cond` a block cost a tenth of JAX's step on a CPU
+        # (benchmarks/gpt_decode_floor.py).
+        visible = ops.transpose(mask[:, 0], (0, 2, 1))[..., None]  # (B|1, S, 1, 1)
+        k = ops.where(visible, k, ops.zeros_like(k))
+        v = ops.where(visible, v, ops.zeros_like(v))
+        return masked_kernel(choice, q, k, v, mask, scale, False, dropout)
 
     def recompute():
         clean_k, clean_v, bad = explicit.sanitize_nonfinite(k, v)

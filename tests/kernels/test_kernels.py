@@ -277,6 +277,41 @@ def test_fused_kernels_zero_fully_masked_rows_and_stop_nan(kernel):
     )
 
 
+@pytest.mark.parametrize("kernel", [choice.FUSED, choice.BLOCKED, choice.CHUNKED])
+@pytest.mark.parametrize("t", [1, 3], ids=["one_query", "three_queries"])
+def test_one_row_mask_zeroes_hidden_keys_and_values_without_a_check(kernel, t):
+    # A mask of one row (a decoding step's written slots, a padding mask
+    # alone): NaN and inf in the keys and values hidden from every query
+    # reach neither the outputs nor the gradients, and a batch row that sees
+    # no key gets 0.
+    s, groups = 6, 2
+    q = _normal((B, t, H, K), 1)
+    k, v = _normal((B, s, groups, K), 2), _normal((B, s, groups, K), 3)
+    mask = np.ones((B, 1, 1, s), bool)
+    mask[0, ..., 4:] = False  # batch row 0: the last two slots unwritten
+    mask[1] = False  # batch row 1 sees nothing
+    k[0, 4], v[0, 5], k[1, 0], v[1, 2] = np.nan, np.inf, np.inf, np.nan
+    chosen = choice.Choice(kernel, 0, chunk_size=2 if kernel == choice.CHUNKED else None)
+
+    def attend(q, k, v):
+        return fused.attend(chosen, q, k, v, ops.convert_to_tensor(mask), 0.5, False)
+
+    got = harness.to_numpy(attend(q, k, v))
+    assert np.all(got[1] == 0)
+    allowed = np.broadcast_to(mask[:1], (1, H, t, s))
+    clean_k, clean_v = np.nan_to_num(k, posinf=0.0), np.nan_to_num(v, posinf=0.0)
+    np.testing.assert_allclose(
+        got[:1], _numpy_kernel(q[:1], clean_k[:1], clean_v[:1], allowed, 0.5),
+        rtol=1e-5, atol=1e-5,
+    )
+    d_q, d_k, d_v = _gradients(attend, [q, k, v])
+    for grad in (d_q, d_k, d_v):
+        assert np.all(np.isfinite(grad))
+    assert np.all(d_k[0, 4:] == 0) and np.all(d_v[0, 4:] == 0) and np.all(d_k[1] == 0)
+    # The same outputs with the hidden slots finite: nothing hidden was read.
+    np.testing.assert_allclose(got, harness.to_numpy(attend(q, clean_k, clean_v)), atol=1e-6)
+
+
 # The entry point.
 
 
