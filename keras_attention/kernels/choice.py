@@ -39,11 +39,11 @@ as a `cond` that recomputes only when an output is non-finite, or always
 stops fusion and keeps both branches for the backward pass). Attending to a
 cache takes the `cond` wherever a guard runs: recomputing would read and
 write the whole cache at every step (a one-token step whose mask has one
-row and one head needs no guard: `fused.attend`). The `cond` decides from the keys' and
-values' finiteness (`guard_on_inputs`), so that only the branch taken is
-computed and differentiated; a cache read decides from the output instead,
-one reduction over `T` queries rather than over the whole cache (its
-gradient at a masked NaN may be NaN).
+row and one head needs no guard: `fused.attend`). The `cond` decides from
+the keys' and values' finiteness (`guard_on_inputs`), so that only the
+branch taken is computed and differentiated; a cache read decides from the
+output instead, one reduction over `T` queries rather than over the whole
+cache (its gradient at a masked NaN may be NaN).
 """
 
 import dataclasses
