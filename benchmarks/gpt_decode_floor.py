@@ -49,21 +49,21 @@ def floor_decoder(backbone, total_length):
     def block_params(i):
         prefix = f"transformer_layer_{i}/"
 
-        def get(name):
-            return weights[prefix + name]
+        def get(name, *parts):
+            """The weights of the layer `name`, each part `(D, N)` or `(N,)`."""
+            return tuple(weights[f"{prefix}{name}/{part}"] for part in parts)
 
-        qkv = [get(f"self_attention/{n}/kernel").reshape(WIDTH, WIDTH) for n in ("query", "key", "value")]
-        qkv_bias = [get(f"self_attention/{n}/bias").reshape(WIDTH) for n in ("query", "key", "value")]
+        heads = ("query", "key", "value")
+        qkv = [get(f"self_attention/{n}", "kernel")[0].reshape(WIDTH, WIDTH) for n in heads]
+        qkv_bias = [get(f"self_attention/{n}", "bias")[0].reshape(WIDTH) for n in heads]
+        output_kernel, output_bias = get("self_attention/attention_output", "kernel", "bias")
         return {
-            "norm_1": (get("self_attention_layer_norm/gamma"), get("self_attention_layer_norm/beta")),
+            "norm_1": get("self_attention_layer_norm", "gamma", "beta"),
             "qkv": (np.concatenate(qkv, axis=1), np.concatenate(qkv_bias)),
-            "output": (
-                get("self_attention/attention_output/kernel").reshape(WIDTH, WIDTH),
-                get("self_attention/attention_output/bias"),
-            ),
-            "norm_2": (get("feedforward_layer_norm/gamma"), get("feedforward_layer_norm/beta")),
-            "up": (get("feedforward_intermediate_dense/kernel"), get("feedforward_intermediate_dense/bias")),
-            "down": (get("feedforward_output_dense/kernel"), get("feedforward_output_dense/bias")),
+            "output": (output_kernel.reshape(WIDTH, WIDTH), output_bias),
+            "norm_2": get("feedforward_layer_norm", "gamma", "beta"),
+            "up": get("feedforward_intermediate_dense", "kernel", "bias"),
+            "down": get("feedforward_output_dense", "kernel", "bias"),
         }
 
     params = jax.tree.map(
@@ -95,14 +95,18 @@ def floor_decoder(backbone, total_length):
         new_caches = []
         for block, (key_cache, value_cache) in zip(params["blocks"], caches):
             qkv = dense(layer_norm(x, block["norm_1"]), block["qkv"])  # (T, 3D)
-            q, k, v = (t.reshape(length, HEADS, head_size).transpose(1, 0, 2) for t in jnp.split(qkv, 3, axis=-1))
+            q, k, v = (
+                t.reshape(length, HEADS, head_size).transpose(1, 0, 2)  # (H, T, K)
+                for t in jnp.split(qkv, 3, axis=-1)
+            )
             key_cache = jax.lax.dynamic_update_slice(key_cache, k, (0, start, 0))
             value_cache = jax.lax.dynamic_update_slice(value_cache, v, (0, start, 0))
             scores = jnp.einsum("htk,hlk->htl", q, key_cache) / np.sqrt(head_size)
             scores = jnp.where(visible[None], scores, -jnp.inf)
             attended = jnp.einsum("htl,hlk->htk", jax.nn.softmax(scores, axis=-1), value_cache)
             x = x + dense(attended.transpose(1, 0, 2).reshape(length, WIDTH), block["output"])
-            hidden = jax.nn.gelu(dense(layer_norm(x, block["norm_2"]), block["up"]), approximate=True)
+            hidden = dense(layer_norm(x, block["norm_2"]), block["up"])
+            hidden = jax.nn.gelu(hidden, approximate=True)
             x = x + dense(hidden, block["down"])
             new_caches.append((key_cache, value_cache))
         logits = layer_norm(x[-1], params["final_norm"]) @ params["token"].T  # (V,)
@@ -137,20 +141,24 @@ def main():
     lengths = []
     for text in args.lengths.split(","):
         if not text.strip().isdigit() or int(text) <= PROMPT_LENGTH + 1:
-            parser.error(f"--lengths must be integers above {PROMPT_LENGTH + 1}; received {args.lengths!r}")
+            parser.error(
+                f"--lengths must be integers above {PROMPT_LENGTH + 1}; received {args.lengths!r}"
+            )
         lengths.append(int(text))
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1; received {args.repeats}")
+    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
+        parser.error(
+            f"this benchmark runs on JAX: KERAS_BACKEND must be jax or unset; "
+            f"received {os.environ['KERAS_BACKEND']!r}"
+        )
     os.environ["KERAS_BACKEND"] = "jax"
 
-    import keras
     import keras_hub
     import numpy as np
 
     from keras_attention.models import GPT
 
-    if keras.backend.backend() != "jax":
-        raise SystemExit(f"KERAS_BACKEND must be jax (or unset); it is {keras.backend.backend()!r}")
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=VOCABULARY, num_layers=LAYERS, num_heads=HEADS, hidden_dim=WIDTH,
         intermediate_dim=INTERMEDIATE, dropout=0.0, max_sequence_length=max(lengths),
