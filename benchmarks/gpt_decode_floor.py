@@ -37,8 +37,8 @@ EPSILON = 1e-5
 
 
 def floor_decoder(backbone, total_length):
-    """A jitted `decode(params, prompt) -> tokens (L,)` and its params, from
-    a KerasHub `GPT2Backbone`'s weights."""
+    """`decode(prompt) -> tokens (L,)`, numpy in and out: one jitted call of
+    greedy decoding with a KerasHub `GPT2Backbone`'s weights as arguments."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -130,7 +130,7 @@ def floor_decoder(backbone, total_length):
         tokens, _ = jax.lax.fori_loop(PROMPT_LENGTH, total_length - 1, step, (tokens, caches))
         return tokens
 
-    return lambda prompt: np.asarray(decode(params, prompt)), params
+    return lambda prompt: np.asarray(decode(params, prompt))
 
 
 def main():
@@ -173,7 +173,7 @@ def main():
         token_ids[0, :PROMPT_LENGTH] = prompt
         padding_mask = np.arange(length)[None] < PROMPT_LENGTH
         their_inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
-        floor, _ = floor_decoder(backbone, length)
+        floor = floor_decoder(backbone, length)
         new = length - PROMPT_LENGTH
         runners = {
             "floor": lambda: floor(prompt),
