@@ -63,6 +63,37 @@ def argmax(x):
     return ops.min(ops.where(hit, positions, size), axis=-1)
 
 
+def linear(x, kernel, bias):
+    # XLA's CPU compiler emits a one-row product followed by a bias add as
+    # one fused kernel, and a bias-free one as a call to its library
+    # product, which costs more in a decoding step: the bias-free LLaMA
+    # configuration decoded 1.4 times slower than GPT-2's of equal FLOPs, and
+    # as fast with a zero bias (benchmarks/gpt_speed.py --sections llama).
+    # The zero is one XLA cannot fold away; it hoists it out of the loop.
+    if bias is None and _one_row(x) and _compiled_by_xla():
+        bias = _zero(kernel[0])
+    return common.linear(x, kernel, bias)
+
+
+def dense(x, kernel, bias, inputs=1, dtype=None):
+    return common.dense(x, kernel, bias, inputs, dtype, linear=linear)
+
+
+def _one_row(x):
+    rows = 1
+    for size in x.shape[:-1]:
+        if size is None:
+            return False
+        rows *= size
+    return rows == 1
+
+
+def _zero(like):
+    """Zeros of `like`'s shape that XLA does not fold as a constant (a
+    non-finite entry gives 0 too)."""
+    return ops.where(ops.isfinite(like), ops.multiply(like, 0), 0)
+
+
 def gelu(x):
     # `tf.nn.gelu` (the erfc form) took the GPT example's training step as
     # long as the erf form did (27.4 against 27.3 ms, benchmarks/README.md).

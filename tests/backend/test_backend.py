@@ -69,6 +69,32 @@ def test_linear_equals_numpy_with_gradients(rows, with_bias):
         np.testing.assert_allclose(got[2], cotangent.sum((0, 1)), rtol=1e-4, atol=1e-4)
 
 
+def test_one_row_linear_without_bias_in_a_compiled_loop():
+    """A bias-free product of one row in a compiled loop (a decoding step)
+    equals numpy's, non-finite kernel entries included. On TensorFlow XLA
+    runs it fused with the zero bias the backend adds (an output fusion
+    instead of a library product: 1.4 times as fast in LLaMA's decoding,
+    benchmarks/gpt_speed.py --sections llama)."""
+    x, kernel = _normal((1, 1, D)), _normal((D, 2 * D), 1)
+    kernel[0, 1], kernel[0, 2], kernel[3, 4] = np.inf, np.nan, -np.inf
+
+    def loop(x, kernel):
+        def step(i, y):
+            row = x * keras.ops.cast(i + 1, x.dtype)  # (1, 1, D), a new row each step
+            return y + backend.linear(row, kernel, None)
+
+        return backend.fori_loop(0, 3, step, keras.ops.zeros((1, 1, 2 * D)))
+
+    compiled = backend.compiled_loop(loop)
+    x, kernel = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(kernel)
+    got = harness.to_numpy(compiled(x, kernel))
+    want = 6 * (harness.to_numpy(x) @ harness.to_numpy(kernel))  # (1 + 2 + 3) x @ kernel
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    if BACKEND == "tensorflow":
+        hlo = compiled.experimental_get_compiler_ir(x, kernel)(stage="optimized_hlo")
+        assert "kind=kOutput" in hlo
+
+
 def test_compiled_decoding_computes_the_loop():
     """`compile_decoding` computes the loop as written, on the first call
     (trace and compile) and on those after it (what was kept; on
