@@ -350,7 +350,8 @@ def check_token_ids(name, ids, vocabulary_size, max_length, length_name):
     # where a negative id is larger than any vocabulary; `argmax`, which
     # numpy runs without its reduction machinery. Before a short
     # translation's compiled call, with the caches cold after other work,
-    # `min` and `max` took about 60 us, this about 30 (benchmarks/README.md).
+    # it took half the time of `min` and `max` (benchmarks/seq2seq_speed.py
+    # times that call).
     unsigned = ids.view(_UNSIGNED[ids.itemsize]) if ids.dtype.kind == "i" else ids
     if ids.size and unsigned.ravel()[unsigned.argmax()] >= vocabulary_size:
         bad = ids[(ids < 0) | (ids >= vocabulary_size)][0]

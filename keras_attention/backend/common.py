@@ -168,9 +168,9 @@ def when_finite(inputs, attempt, recompute):
     # Decided before either computation runs, from the inputs: a `cond` on
     # the attempt's own output would differentiate the discarded attempt
     # too, and its gradient is `0 * NaN` at a masked NaN.
-    # One summing pass per input, as `unless_nonfinite` (on torch,
-    # `isfinite` and `all` through `keras.ops` took 60 ms where the sums
-    # take 0.1 ms, at 8 x 128 x 8 x 64).
+    # One summing pass per input, as `unless_nonfinite`: on torch,
+    # `isfinite` and `all` through `keras.ops` took several hundred times
+    # as long as the sums (benchmarks/mha_speed.py).
     total = sum(ops.sum(ops.cast(x, "float32")) for x in inputs)
     return ops.cond(ops.isfinite(total), attempt, recompute)
 

@@ -96,7 +96,7 @@ def _zero(like):
 
 def gelu(x):
     # `tf.nn.gelu` (the erfc form) took the GPT example's training step as
-    # long as the erf form did (27.4 against 27.3 ms, benchmarks/README.md).
+    # long as the erf form did (benchmarks/gpt_speed.py), so Keras's runs.
     return None
 
 

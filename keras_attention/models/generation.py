@@ -261,8 +261,9 @@ class Generator:
             excluded=pad_token_id if self.pad_is_padding else None,
         )
         # Only what the mode reads is passed: each argument of a compiled
-        # call costs time to convert and check (20 to 36 us on TensorFlow
-        # for a numpy array; benchmarks/README.md).
+        # call costs time to convert and check, a part of a short
+        # translation's time that shows on TensorFlow
+        # (benchmarks/seq2seq_speed.py).
         noise = ()
         if sampling != "greedy":
             if seed is None:
