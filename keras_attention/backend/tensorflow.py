@@ -21,11 +21,15 @@ step concatenates at every step (1.3x slower). Projections run as one
 `linear` (`linear_projections`) instead of the `EinsumDense` and `Dense`
 calls: the translation model's training step ran 1.12-1.29x as fast that
 way (five interleaved runs), the GPT example's and `MultiHeadAttention`'s
-alone within the noise of either. Causal attention takes two query blocks,
-not eight: in a compiled model's training step at 512 and 1,024 tokens one or
-two blocks ran 1.2-1.35x as fast as eight (each block's slices, mask and
-padded key/value gradients cost more than the scores it skips), three or
-four in between.
+alone within the noise of either. A bias-free product of one row under XLA
+gets a zero bias (`linear`), so that XLA runs it as the one fused kernel it
+makes of a product and its bias add: a model without biases decodes as fast
+as one with them (benchmarks/gpt_speed.py --sections llama).
+
+Causal attention takes two query blocks, not eight: in a compiled model's
+training step at 512 and 1,024 tokens one or two blocks ran 1.2-1.35x as
+fast as eight (each block's slices, mask and padded key/value gradients cost
+more than the scores it skips), three or four in between.
 """
 
 import numpy as np
