@@ -72,9 +72,9 @@ def linear(x, kernel, bias):
     # one fused kernel, and a bias-free one as a call to its library
     # product, which costs more in a decoding step: the bias-free LLaMA
     # configuration took 1.3 to 1.5 times as long to decode as GPT-2's of
-    # equal FLOPs, and as long with a zero bias (benchmarks/gpt_speed.py
-    # --sections llama).
-    # The zero is one XLA cannot fold away; it hoists it out of the loop.
+    # equal FLOPs, and GPT-2's time with a zero bias (benchmarks/gpt_speed.py
+    # --sections llama). The zero is one XLA cannot fold away; it hoists it
+    # out of the loop.
     if bias is None and _one_row(x) and _compiled_by_xla():
         bias = _zero(kernel[0])
     return common.linear(x, kernel, bias)

@@ -15,6 +15,7 @@ ops once per model.
 import itertools
 import re
 
+import keras
 import numpy as np
 import pytest
 
@@ -244,8 +245,6 @@ def test_a_model_that_generates_before_it_is_built_trains_afterwards(sampling):
     """`generate` builds a model never built (its decoding runs without
     autograd: on torch in `torch.inference_mode`, whose tensors cannot be
     trained); then training steps update every weight and lower the loss."""
-    import keras
-
     model = GPT(V, MAX_LENGTH, **BLOCKS, dropout=0.0, seed=3)
     assert not model.built
     options = {"top_k": 2, "seed": 1} if sampling == "top_k" else {}
