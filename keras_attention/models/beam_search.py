@@ -4,10 +4,13 @@ Shape legend: `B` batch (sources), `K` beams, `V` vocabulary size, `P`
 prompt length, `L` total length (the prompt and the new tokens).
 
 Every hypothesis of a source starts with its prompt: a translation's start
-token (`P = 1`) or a language model's prompt. The prompt's positions before
-its last are in the caches already (the caller's prefill); the loop starts
-at the prompt's last position `P - 1`, which it runs through the step as it
-runs every later token. `num_beams` hypotheses per source grow one token at
+token (`P = 1`) or a language model's prompt. The positions before the
+shortest prompt's last are in the caches already (the caller's prefill); the
+loop starts at the shortest prompt's last position, which it runs through
+the step as it runs every later token. A longer prompt's further tokens are
+given, as in `generation.decode`: at those positions its one open hypothesis
+takes the prompt's token, with no log-probability added, and its new tokens
+start after its own prompt. `num_beams` hypotheses per source grow one token at
 a time. Each step scores every extension of every open hypothesis,
 `log p(prefix) + log p(token)` (the prefix's new tokens only: the prompt is
 given), and keeps the best `2K` candidates: those that end with a stop token
@@ -46,16 +49,18 @@ def take_rows(caches, rows):
 def beam_search(
     step, caches, prompt, total, *, num_beams, stop, pad_token_id,
     length_penalty, reorder=take_rows, phases=None, excluded=None,
+    lengths=None, start=None,
 ):
     """The `K` best hypotheses per source and their scores.
 
     Args:
         step: `step(token_ids, caches, index) -> (logits, caches)` for
             `(B K, 1)` tokens at position `index`.
-        caches: the caches the step starts from, holding the prompt's
-            positions `0 .. P - 2`: by default `B K` rows on axis 0 of every
-            leaf; any layout the step and `reorder` agree on.
-        prompt: int32 `(B, P)`, the head of every hypothesis of a source.
+        caches: the caches the step starts from, holding the positions
+            `0 .. start - 2`: by default `B K` rows on axis 0 of every leaf;
+            any layout the step and `reorder` agree on.
+        prompt: int32 `(B, P)`, the head of every hypothesis of a source
+            (its first `lengths` tokens where `lengths` is given).
         total: int, `P + max_new_tokens`.
         num_beams: `K`.
         stop: static tuple of ids that end a hypothesis (may be empty).
@@ -68,6 +73,11 @@ def beam_search(
             the first phase's length); by default one phase over `caches`
             of length `L`.
         excluded: optional id never chosen (`generation.decode`'s).
+        lengths: optional int32 `(B,)`, each source's prompt length (right
+            padding; ragged prompts); each source gets `L - P` new tokens
+            after its prompt, then `pad_token_id`. None: every prompt is `P`
+            long.
+        start: static int, the shortest prompt's length (`P` by default).
 
     Returns:
         `(sequences, scores)`: int32 `(B, K, L)` best first, and float32
@@ -75,10 +85,17 @@ def beam_search(
     """
     beams = num_beams
     batch, prompt_length = prompt.shape
-    first = prompt_length - 1  # the position of the loop's first step
+    ragged = lengths is not None
+    first = (prompt_length if start is None else start) - 1  # the loop's first position
     positions = ops.arange(total, dtype="int32")  # (L,)
     padding = ops.full((batch, total - prompt_length), pad_token_id, "int32")
     heads = ops.concatenate([ops.cast(prompt, "int32"), padding], axis=1)  # (B, L)
+    if ragged:
+        heads = ops.where(positions < lengths[:, None], heads, pad_token_id)
+        # Each source's first (the position before its first new token)
+        # and last written position.
+        starts = lengths - 1  # (B,)
+        limits = lengths + (total - prompt_length - 1)  # (B,)
     sequences = ops.repeat(heads[:, None], beams, axis=1)  # (B, K, L)
     # Only the first beam is open at the start: the others would repeat it.
     log_prob = ops.concatenate(
@@ -105,6 +122,16 @@ def beam_search(
             sampling.exclude(ops.log_softmax(logits, axis=-1), excluded, NEGATIVE),
             (batch, beams, vocabulary),
         )
+        if ragged:
+            # Inside a longer prompt: its token, at no cost.
+            given = i + 1 < lengths  # (B,)
+            prompt_token = ops.take(heads, i + 1, axis=1)  # (B,)
+            forced = ops.where(
+                ops.arange(vocabulary, dtype="int32") == prompt_token[:, None, None],
+                0.0,
+                NEGATIVE,
+            )  # (B, 1, V)
+            token_log_prob = ops.where(given[:, None, None], forced, token_log_prob)
         candidates = ops.reshape(
             log_prob[:, :, None] + token_log_prob, (batch, beams * vocabulary)
         )  # (B, K V)
@@ -115,12 +142,21 @@ def beam_search(
         grown = ops.take_along_axis(sequences, source_beam[:, :, None], axis=1)
         grown = ops.where(positions == i + 1, token[:, :, None], grown)  # (B, 2K, L)
         grown = ops.cast(grown, "int32")
-        length = ops.cast(i + 1 - first, "float32")  # the new tokens
+        if ragged:
+            # The new tokens so far per source (at least 1 where the tokens
+            # are still the prompt's: no score is made there).
+            length = ops.cast(ops.maximum(i + 1 - starts, 1), "float32")[:, None]  # (B, 1)
+            closes = (i + 1 >= limits)[:, None]  # (B, 1)
+        else:
+            length = ops.cast(i + 1 - first, "float32")  # the new tokens
+            closes = i + 1 >= last
         if stop_ids is None:
             ends = ops.zeros_like(token, "bool")
         else:
             ends = ops.any(token[:, :, None] == stop_ids, axis=-1)  # (B, 2K)
-        closing = ops.logical_or(ends, i + 1 >= last)  # the last position closes all
+            if ragged:
+                ends = ops.logical_and(ends, ops.logical_not(given[:, None]))
+        closing = ops.logical_or(ends, closes)  # the last position closes all
         candidate_scores = ops.where(
             ops.logical_and(closing, values > NEGATIVE / 2),
             values / length**penalty,
@@ -140,10 +176,10 @@ def beam_search(
         caches = reorder(caches, rows)
         # Done: no open hypothesis can beat the K-th finished one any more.
         if penalty >= 0:
-            best_length = float(last - first) ** penalty
+            best_length = float(total - prompt_length) ** penalty
         else:
             best_length = (length + 1) ** penalty
-        best_open = ops.max(new_log_prob, axis=1) / best_length  # (B,)
+        best_open = ops.max(new_log_prob / best_length, axis=1)  # (B,)
         now_done = new_scores[:, -1] >= best_open
         if stop_ids is None:
             now_done = ops.zeros_like(now_done)
@@ -153,6 +189,9 @@ def beam_search(
         sequences = ops.where(frozen[:, :, None], sequences, new_sequences)
         log_prob = ops.where(frozen, log_prob, new_log_prob)
         done = ops.logical_or(done, ops.logical_and(now_done, new_scores[:, -1] > NEGATIVE / 2))
+        if ragged:
+            # A source at its last position has closed every hypothesis.
+            done = ops.logical_or(done, closes[:, 0])
         return i + 1, sequences, log_prob, finished, finished_scores, caches, done
 
     i = ops.convert_to_tensor(first, "int32")

@@ -365,15 +365,15 @@ class Generator:
         (`beam_search.beam_search`).
 
         Args:
-            prompt: int numpy `(B, P)` (checked by the model), prompts of
-                equal length.
+            prompt: int numpy `(B, P)` (checked by the model).
             max_new_tokens, stop_token_ids, pad_token_id, context: as
                 `generate`'s.
             num_beams: positive int `K`.
             length_penalty: float, the exponent of the number of new tokens
                 in the ranking and the scores.
-            prompt_padding_mask: optional bool `(B, P)`; it must mark every
-                position (beam search takes no ragged prompts).
+            prompt_padding_mask: optional bool `(B, P)`, as `generate`'s:
+                each row's prompt is its first `True` positions, its new
+                tokens follow it.
 
         Returns:
             int32 numpy `(B, K, P + max_new_tokens)`, best first, and their
@@ -387,28 +387,30 @@ class Generator:
         total = self._check_total(prompt_length, max_new_tokens)
         length_penalty = _generation_args.check_length_penalty(length_penalty)
         stop = _generation_args.check_stop(stop_token_ids, pad_token_id, self.vocabulary_size)
+        # Prompts of different lengths (ragged) pass their lengths, as in
+        # `generate`.
+        lengths = ()
         if prompt_padding_mask is not None:
-            lengths = _generation_args.prompt_lengths(prompt, prompt_padding_mask)
-            if lengths.min() < prompt_length:
-                raise ValueError(
-                    "`prompt_padding_mask` must mark every position with "
-                    "sampling='beam': beam search takes prompts of equal length. "
-                    f"Received: prompt lengths {lengths.tolist()}"
-                )
+            row_lengths = _generation_args.prompt_lengths(prompt, prompt_padding_mask)
+            if row_lengths.min() < prompt_length:
+                lengths = (row_lengths.astype("int32"),)
+        start = int(lengths[0].min()) if lengths else prompt_length  # the shortest prompt
         options = dict(
             num_beams=num_beams, stop=stop, pad_token_id=pad_token_id,
-            length_penalty=length_penalty,
+            length_penalty=length_penalty, start=start,
             excluded=pad_token_id if self.pad_is_padding else None,
         )
-        first = prompt_length - 1  # the beams' loop starts at the last prompt token
+        first = start - 1  # the beams' loop starts at the shortest prompt's last token
+        ragged = bool(lengths)
 
-        def loop(prompt, *context):
+        def loop(prompt, *arguments):
+            lengths, context = (arguments[0], arguments[1:]) if ragged else (None, arguments)
             caches, phases = cache_windows.Phases.plan(
                 self.empty_caches, batch, first, total, context,
                 windowed=backend.preferences().cache_windows,
             )
             if first:
-                # The prompt's head, once per source: every beam shares it.
+                # The prompts' common head, once per source: every beam shares it.
                 _, caches = self.step(prompt[:, :first], caches, 0)
             # Row b K + k is beam k of source b.
             caches = keras.tree.map_structure(
@@ -416,12 +418,12 @@ class Generator:
             )
             return beam_search_lib.beam_search(
                 self.step, caches, prompt, total, reorder=self.reorder_caches,
-                phases=phases, **options,
+                phases=phases, lengths=lengths, **options,
             )
 
-        key = ("beam", batch, prompt_length, total) + tuple(sorted(options.items()))
+        key = ("beam", batch, prompt_length, total, ragged) + tuple(sorted(options.items()))
         sequences, scores = self._function(key, loop)(
-            prompt.astype("int32", copy=False), *context
+            prompt.astype("int32", copy=False), *lengths, *context
         )
         return _to_numpy(sequences, "int32"), _to_numpy(scores, "float32")
 

@@ -379,9 +379,8 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
                 once generated; the positions after it are `pad_token_id`.
             prompt_padding_mask: optional bool `(B, P)` for prompts of
                 different lengths: each row's prompt is its first `True`
-                positions (right padding); its new tokens follow it. Beam
-                search takes prompts of equal length only (a mask with a
-                `False` is a `ValueError`).
+                positions (right padding); its new tokens follow it (in beam
+                search too).
             pad_token_id: int, the id written after a row has ended.
             max_length: int, KerasHub's meaning: the output's length, prompt
                 included (`max_new_tokens = max_length - P`). For text without

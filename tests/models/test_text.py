@@ -97,6 +97,9 @@ def test_gpt_from_preset_generates_text_as_keras_hub_does(gpt_preset):
     # Without a length, the preprocessor's sequence_length (10), as in KerasHub.
     assert gpt.generate(prompts) == expected
     assert gpt.generate(prompts[0], max_length=10) == expected[0]  # a string for a string
+    # Beam search over prompts of different lengths, as over each alone.
+    beams = dict(max_new_tokens=4, sampling="beam", num_beams=2)
+    assert gpt.generate(prompts, **beams) == [gpt.generate(p, **beams) for p in prompts]
     # max_new_tokens counts the new tokens; max_length, the start token too.
     assert gpt.generate("a", max_new_tokens=3) == gpt.generate("a", max_length=2 + 3)
 
