@@ -151,16 +151,11 @@ def check_source(model, encoder_token_ids, encoder_padding_mask):
     )
 
 
-def check_start_and_end(generator, start_token_id, end_token_id, pad_token_id, sampling):
+def check_start_and_end(generator, start_token_id, end_token_id, pad_token_id):
     """A translation's start ids (one, or several: BART's decoder prompt) and
     end id, checked; the end id may not be the pad id, which the decoder
     reads as padding and never generates."""
     start_ids = [generator.check_token("start_token_id", i) for i in np.ravel(start_token_id)]
-    if len(start_ids) != 1 and sampling == "beam":
-        raise ValueError(
-            "`start_token_id` must be one id with sampling='beam'. Received: "
-            f"start_token_id={start_token_id!r}"
-        )
     if end_token_id is not None:
         end_token_id = generator.check_token("end_token_id", end_token_id)
         if end_token_id == pad_token_id:

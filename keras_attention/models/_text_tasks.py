@@ -76,6 +76,19 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, **kwargs
     return _postprocess_generated(preprocessor, output, lengths, limits, kwargs, prompts)
 
 
+def check_text_generation(**arguments):
+    """Refuses the id-level arguments of `generate` that text does not take:
+    `arguments` maps each name to `(value, default)`. The preprocessor makes
+    the padding and its tokenizer gives the pad id; a string comes back per
+    prompt, without scores."""
+    for name, (value, default) in arguments.items():
+        if value is not default and not (isinstance(value, (bool, int)) and value == default):
+            raise ValueError(
+                f"`{name}` is for prompts of ids; with text the preprocessor makes the "
+                f"padding and one string comes back per prompt. Received: {name}={value!r:.60}"
+            )
+
+
 def _postprocess_generated(preprocessor, output, lengths, limits, kwargs, prompts):
     """The text of `output` `(B, L)`: each row's prompt (`lengths`), then its
     new tokens up to `limits` and its first stop token (stripped, with the
@@ -155,6 +168,16 @@ def translate_text(model, texts, max_length=None, **kwargs):
     preprocessor's `decoder_sequence_length`, at most the model's
     `max_target_length`).
     """
+    check_text_generation(
+        **{
+            name: (kwargs[name], default)
+            for name, default in [
+                ("num_return_sequences", 1), ("return_scores", False),
+                ("encoder_padding_mask", None), ("start_token_id", None),
+            ]
+            if name in kwargs
+        }
+    )
     preprocessor = model.require_preprocessor("translate")
     single = isinstance(texts, str)
     texts = [texts] if single else [str(t) for t in np.asarray(texts).reshape(-1)]

@@ -407,10 +407,17 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
             For text, a string (or a list of strings).
         """
         if _text.is_text(prompt_ids):
+            _text_tasks.check_text_generation(
+                prompt_padding_mask=(prompt_padding_mask, None),
+                pad_token_id=(pad_token_id, 0),
+                num_return_sequences=(num_return_sequences, 1),
+                return_scores=(return_scores, False),
+            )
             return _text_tasks.generate_text(
                 self, prompt_ids, max_new_tokens, max_length, sampling=sampling,
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                stop_token_ids=stop_token_ids,
+                stop_token_ids=stop_token_ids, num_beams=num_beams,
+                length_penalty=length_penalty,
             )
         prompt, prompt_padding_mask = _generation_args.check_prompt(
             self, prompt_ids, prompt_padding_mask

@@ -390,8 +390,7 @@ class Seq2SeqTransformer(
             max_new_tokens: positive int; `1 + max_new_tokens` must not exceed
                 `max_target_length`.
             start_token_id: the id the decoder starts from, or a list of ids
-                (a decoder prompt, such as BART's `[</s>, <s>]`; not with
-                beam search).
+                (a decoder prompt, such as BART's `[</s>, <s>]`).
             end_token_id: optional id that ends a hypothesis (`None`: every
                 hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
@@ -426,7 +425,7 @@ class Seq2SeqTransformer(
             self.build()
         generator = self._get_generator()
         start_ids, end_token_id = _generation_args.check_start_and_end(
-            generator, start_token_id, end_token_id, self.pad_token_id, sampling
+            generator, start_token_id, end_token_id, self.pad_token_id
         )
         context = (source.astype("int32", copy=False), mask)
         return generator.run(

@@ -57,15 +57,16 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def _sequence_log_prob(model, source, sequence):
-    """`sum log p(token)` of `sequence[1:]` given the source, by a full pass
-    (every target position real, even one holding the pad id)."""
+def _sequence_log_prob(model, source, sequence, given=1):
+    """`sum log p(token)` of `sequence[given:]` given the source and the
+    first `given` tokens, by a full pass (every target position real, even
+    one holding the pad id)."""
     target = np.asarray(sequence, "int32")[None, :-1]
     logits = _logits(
         model, source[None], target, decoder_padding_mask=np.ones(target.shape, bool)
     )[0]
     log_p = _log_softmax(logits)
-    return sum(log_p[t, sequence[t + 1]] for t in range(len(sequence) - 1))
+    return sum(log_p[t, sequence[t + 1]] for t in range(given - 1, len(sequence) - 1))
 
 
 def _greedy_by_recomputing(model, source, steps, end=None):
@@ -192,11 +193,13 @@ def test_one_beam_is_greedy(model):
     np.testing.assert_array_equal(beam, greedy)
 
 
-def test_beam_search_finds_the_best_sequence_by_brute_force():
+@pytest.mark.parametrize("start", [(1,), (1, 2)], ids=["start_token", "decoder_prompt"])
+def test_beam_search_finds_the_best_sequence_by_brute_force(start):
     # V = 4 with the pad id 0, which is never generated: 3 tokens, 3 new
-    # tokens, 27 sequences; 9 = 3 ** 2 beams keep every prefix.
+    # tokens, 27 sequences; 9 = 3 ** 2 beams keep every prefix. The start is
+    # one id or a decoder prompt of two (BART's).
     small = Seq2SeqTransformer(
-        SOURCE_V, 4, MAX_S, 4, num_encoder_layers=1, num_decoder_layers=1,
+        SOURCE_V, 4, MAX_S, 5, num_encoder_layers=1, num_decoder_layers=1,
         num_heads=2, hidden_dim=8, intermediate_dim=16, dropout=0.0,
     )
     small.build()
@@ -205,13 +208,13 @@ def test_beam_search_finds_the_best_sequence_by_brute_force():
         variable.assign(rng.normal(scale=1.0, size=variable.shape).astype("float32"))
     sources = _sources()
     sequences, scores = small.generate(
-        sources, max_new_tokens=3, start_token_id=1, sampling="beam", num_beams=9,
+        sources, max_new_tokens=3, start_token_id=list(start), sampling="beam", num_beams=9,
         num_return_sequences=9, length_penalty=0.0, return_scores=True,
     )
-    assert sequences.shape == (2, 9, 4) and scores.shape == (2, 9)
+    assert sequences.shape == (2, 9, len(start) + 3) and scores.shape == (2, 9)
     for b, source in enumerate(sources):
         everything = {
-            (1,) + tail: _sequence_log_prob(small, source, (1,) + tail)
+            start + tail: _sequence_log_prob(small, source, start + tail, given=len(start))
             for tail in itertools.product(range(1, 4), repeat=3)
         }
         ranked = sorted(everything.items(), key=lambda item: -item[1])

@@ -97,9 +97,15 @@ def test_gpt_from_preset_generates_text_as_keras_hub_does(gpt_preset):
     # Without a length, the preprocessor's sequence_length (10), as in KerasHub.
     assert gpt.generate(prompts) == expected
     assert gpt.generate(prompts[0], max_length=10) == expected[0]  # a string for a string
-    # Beam search over prompts of different lengths, as over each alone.
+    # Beam search over prompts of different lengths, as over each alone;
+    # the beam arguments reach the search (one beam with no length penalty
+    # and no stop token is greedy).
     beams = dict(max_new_tokens=4, sampling="beam", num_beams=2)
     assert gpt.generate(prompts, **beams) == [gpt.generate(p, **beams) for p in prompts]
+    one_beam = dict(sampling="beam", num_beams=1, length_penalty=0.0, stop_token_ids=[])
+    assert gpt.generate(prompts, max_length=10, **one_beam) == gpt.generate(
+        prompts, max_length=10, stop_token_ids=[]
+    )
     # max_new_tokens counts the new tokens; max_length, the start token too.
     assert gpt.generate("a", max_new_tokens=3) == gpt.generate("a", max_length=2 + 3)
 
@@ -130,6 +136,15 @@ def test_text_without_a_preprocessor_and_wrong_arguments_say_what_they_take(gpt_
         GPT.from_preset(3)
     with pytest.raises(TypeError, match=r"`preprocessor` must be a KerasHub preprocessor.*str"):
         gpt.preprocessor = "gpt2"
+    # The id-level arguments text does not take are named, not dropped.
+    folder, _ = gpt_preset
+    with_text = GPT.from_preset(str(folder))
+    for name, value in [
+        ("num_return_sequences", 2), ("return_scores", True), ("pad_token_id", 3),
+        ("prompt_padding_mask", np.ones((1, 2), bool)),
+    ]:
+        with pytest.raises(ValueError, match=rf"`{name}` is for prompts of ids.*{name}="):
+            with_text.generate("a b", max_new_tokens=2, sampling="beam", **{name: value})
 
 
 def test_gpt_takes_keras_hub_input_dictionary():
@@ -239,5 +254,9 @@ def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
     assert model.preprocessor.decoder_sequence_length > model.max_target_length
     text = model.translate(sources[0])
     assert isinstance(text, str) and [text] == model.translate(sources[:1], max_length=16)
-    with pytest.raises(ValueError, match=r"one id with sampling='beam'"):
-        model.translate("a b", sampling="beam")
+    # Beam search from BART's decoder prompt (two ids), a batch as each
+    # source alone.
+    beams = dict(max_length=6, sampling="beam", num_beams=2)
+    assert model.translate(sources, **beams) == [model.translate(t, **beams) for t in sources]
+    with pytest.raises(ValueError, match=r"`num_return_sequences` is for prompts of ids"):
+        model.translate(sources, sampling="beam", num_return_sequences=2)
