@@ -260,6 +260,14 @@ class TextModel:
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
 
+    def compile_from_config(self, config: dict) -> None:
+        """Compiles as `compile(**config)` when a `.keras` file loads (Keras
+        skips a custom `compile` there), and builds the optimizer, so that
+        its saved state loads too."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built and getattr(self, "optimizer", None) is not None:
+            self.optimizer.build(self.trainable_variables)
+
 
 def new_token_count(max_new_tokens, max_length, prompt_length):
     """`max_new_tokens`, or the new tokens that `max_length` leaves after a

@@ -8,9 +8,11 @@ Shape legend: `B` batch, `P` prompt length, `L` output length.
 
 from typing import Any
 
+import keras
 import numpy as np
 
 from keras_attention.models._text import TextModel
+from keras_attention.models._text import import_keras_hub
 from keras_attention.models._text import new_token_count
 from keras_attention.models._text import special_token_id
 from keras_attention.models._text import to_numpy
@@ -222,7 +224,111 @@ def translate_text(model, texts, max_length=None, **kwargs):
     return strings[0] if single else strings
 
 
-class CausalTextModel(TextModel):
+# KerasHub's sampler names (`keras_hub.samplers.get`) as `generate`
+# arguments, with KerasHub's defaults.
+SAMPLER_NAMES = {
+    "greedy": {"sampling": "greedy"},
+    "random": {"sampling": "random"},
+    "top_k": {"sampling": "top_k", "top_k": 5},
+    "top_p": {"sampling": "top_p", "top_p": 0.1},
+    "beam": {"sampling": "beam", "num_beams": 5},
+}
+
+
+def sampler_options(sampler):
+    """The `generate` arguments a KerasHub sampler stands for: a name of
+    `SAMPLER_NAMES`, or a `keras_hub.samplers` `GreedySampler`,
+    `RandomSampler`, `TopKSampler`, `TopPSampler` or `BeamSampler` of that
+    very class (a subclass may choose tokens in code the compiled loop does
+    not run). What the loop cannot honour is refused, by name."""
+    if sampler is None:
+        return {}
+    if isinstance(sampler, str):
+        if sampler not in SAMPLER_NAMES:
+            raise ValueError(
+                f"`sampler` must be one of {sorted(SAMPLER_NAMES)} or a KerasHub sampler of "
+                f"one of these kinds. Received: sampler={sampler!r}"
+            )
+        return dict(SAMPLER_NAMES[sampler])
+    samplers = import_keras_hub("A KerasHub sampler").samplers
+    kind = type(sampler)
+    temperature = getattr(sampler, "temperature", 1.0)
+
+    def refuse(why):
+        raise ValueError(f"`sampler` {why}. Received: sampler={kind.__name__}")
+
+    if kind is samplers.GreedySampler:
+        return {"sampling": "greedy"}
+    if kind is samplers.BeamSampler:
+        if sampler.return_all_beams:
+            refuse("with return_all_beams=True: pass num_return_sequences to generate instead")
+        if temperature != 1.0:
+            refuse(f"is a BeamSampler with temperature={temperature}: beam search ranks by "
+                   "the model's log-probabilities as they are")
+        return {"sampling": "beam", "num_beams": sampler.num_beams}
+    drawn = {"temperature": temperature, "seed": sampler.seed} if hasattr(sampler, "seed") else {}
+    if kind is samplers.RandomSampler:
+        return {"sampling": "random", **drawn}
+    if kind is samplers.TopKSampler:
+        return {"sampling": "top_k", "top_k": sampler.k, **drawn}
+    if kind is samplers.TopPSampler:
+        if sampler.k is not None:
+            refuse(f"is a TopPSampler with k={sampler.k}: top-p sampling here keeps no top-k cut")
+        return {"sampling": "top_p", "top_p": sampler.p, **drawn}
+    refuse(
+        "must be a name or a GreedySampler, RandomSampler, TopKSampler, TopPSampler or "
+        "BeamSampler of keras_hub.samplers (the loop runs these, not a sampler's own code)"
+    )
+
+
+class GeneratingTextModel(TextModel):
+    """`TextModel` of a model with `generate`: `compile` also takes
+    KerasHub's `sampler`, the default of `generate`'s sampling arguments."""
+
+    def compile(
+        self, optimizer: Any = "rmsprop", loss: Any = "auto", *, sampler: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """`TextModel.compile`, and KerasHub's `sampler`: a name (`"greedy"`,
+        `"random"`, `"top_k"`, `"top_p"`, `"beam"`, with KerasHub's defaults:
+        `k=5`, `p=0.1`, 5 beams) or a `keras_hub.samplers` sampler of those
+        kinds. `generate` then samples as it says, unless it is given its own
+        `sampling`; its other sampling arguments (`temperature`, `top_k`,
+        `top_p`, `seed`, `num_beams`) override the sampler's. None (the
+        default, unlike KerasHub's `"top_k"`) leaves `generate` greedy."""
+        # Kept out of Keras's tracking, as the preprocessor.
+        object.__setattr__(self, "_sampler_options", sampler_options(sampler))
+        object.__setattr__(self, "sampler", sampler)
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+
+    def get_compile_config(self) -> dict:
+        """Keras's compile config and the sampler, for `.keras` files."""
+        config = super().get_compile_config()
+        sampler = getattr(self, "sampler", None)
+        if config and sampler is not None:
+            config["sampler"] = keras.saving.serialize_keras_object(sampler)
+        return config
+
+    def compile_from_config(self, config: dict) -> None:
+        if isinstance(config.get("sampler"), dict):
+            import_keras_hub("Loading a model compiled with a KerasHub sampler")
+        super().compile_from_config(config)
+
+    def sampling_arguments(self, sampling, temperature, top_k, top_p, seed, num_beams):
+        """`generate`'s `(sampling, temperature, top_k, top_p, seed,
+        num_beams)`: each as given, else (None) the compiled sampler's
+        (unless `sampling` is given), else the default."""
+        options = {} if sampling is not None else getattr(self, "_sampler_options", {})
+        given = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                     num_beams=num_beams)
+        defaults = {"temperature": 1.0, "num_beams": 4}
+        return (sampling or options.get("sampling", "greedy"),) + tuple(
+            value if value is not None else options.get(name, defaults.get(name))
+            for name, value in given.items()
+        )
+
+
+class CausalTextModel(GeneratingTextModel):
     """`TextModel` of a causal LM: KerasHub's `CausalLM` presets."""
 
     keras_hub_task = "CausalLM"
@@ -234,15 +340,15 @@ class MaskedTextModel(TextModel):
     keras_hub_task = "MaskedLM"
 
 
-class TranslationTextModel(TextModel):
+class TranslationTextModel(GeneratingTextModel):
     """`TextModel` of an encoder-decoder: KerasHub's `Seq2SeqLM` presets,
     and `translate`, text to text."""
 
     keras_hub_task = "Seq2SeqLM"
 
     def translate(
-        self, texts: str | list[str], max_length: int | None = None, sampling: str = "greedy",
-        **kwargs: Any,
+        self, texts: str | list[str], max_length: int | None = None,
+        sampling: str | None = None, **kwargs: Any,
     ) -> str | list[str]:
         """The translations of `texts` (a string or a list of strings), as text.
 
@@ -254,7 +360,8 @@ class TranslationTextModel(TextModel):
             max_length: the longest target, its start token(s) included
                 (default: the preprocessor's `decoder_sequence_length`, at
                 most `max_target_length`).
-            sampling: as `generate` (`"greedy"`, `"beam"`, ...).
+            sampling: as `generate` (`"greedy"`, `"beam"`, ...; by default
+                the sampler given to `compile`, else greedy).
             **kwargs: other `generate` arguments (`num_beams`, `seed`, ...).
 
         Returns:

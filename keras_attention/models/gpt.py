@@ -16,9 +16,7 @@ from keras_attention import kv_cache
 from keras_attention._typing import Activation
 from keras_attention._typing import Tensor
 from keras_attention.layers._dropout import Dropout
-from keras_attention.layers.token_and_position_embedding import (
-    TokenAndPositionEmbedding,
-)
+from keras_attention.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attention.layers.transformer_decoder import TransformerDecoderStack
 from keras_attention.models import _generation_args
 from keras_attention.models import _keras_hub
@@ -331,8 +329,8 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         self,
         prompt_ids: Tensor | str | list[str],
         max_new_tokens: int | None = None,
-        sampling: str = "greedy",
-        temperature: float = 1.0,
+        sampling: str | None = None,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
@@ -340,7 +338,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         prompt_padding_mask: Tensor | None = None,
         pad_token_id: int = 0,
         max_length: int | None = None,
-        num_beams: int = 4,
+        num_beams: int | None = None,
         length_penalty: float = 1.0,
         num_return_sequences: int = 1,
         return_scores: bool = False,
@@ -370,8 +368,9 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
                 tokens holding probability `top_p`) or `"beam"` (beam search:
                 the `num_beams` most likely continuations are kept at each
                 step; the prompt runs once per row, then each step runs the
-                row's `num_beams` hypotheses as a batch).
-            temperature: positive float; below 1 sharpens, above 1 flattens.
+                row's `num_beams` hypotheses as a batch). By default the
+                sampler given to `compile(sampler=...)`, else `"greedy"`.
+            temperature: positive float (default 1.0, or the sampler's).
             top_k: positive int, for `"top_k"` (`top_k=1` is greedy).
             top_p: float in (0, 1], for `"top_p"` (a tiny value is greedy).
             seed: optional int; the same seed gives the same tokens.
@@ -385,18 +384,17 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
             max_length: int, KerasHub's meaning: the output's length, prompt
                 included (`max_new_tokens = max_length - P`). For text without
                 either, the preprocessor's `sequence_length`.
-            num_beams: positive int, the hypotheses beam search keeps per row.
+            num_beams: positive int (default 4), the hypotheses per row.
             length_penalty: float; beam hypotheses (and the returned scores)
                 rank by `sum log p / length ** length_penalty`, the sum over
                 the new tokens and `length` their number, a stop token
                 included (0: the plain log-probability; above 0 favours
                 longer hypotheses, which only arise with `stop_token_ids`).
             num_return_sequences: positive int, at most `num_beams` with
-                beam search (1 otherwise): the best hypotheses returned per
-                row.
-            return_scores: bool, also return each returned sequence's score:
-                the model's log-probability of its new tokens given the
-                prompt, over `length ** length_penalty` as above.
+                beam search (1 otherwise): the best hypotheses per row.
+            return_scores: bool, also return each sequence's score: the
+                log-probability of its new tokens over `length **
+                length_penalty` as above.
 
         Returns:
             int32 numpy array `(B, P + max_new_tokens)`: each prompt followed
@@ -406,18 +404,18 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
             and float32 scores `(B,)` (or `(B, num_return_sequences)`).
             For text, a string (or a list of strings).
         """
+        sampling, temperature, top_k, top_p, seed, num_beams = self.sampling_arguments(
+            sampling, temperature, top_k, top_p, seed, num_beams
+        )
         if _text.is_text(prompt_ids):
             _text_tasks.check_text_generation(
-                prompt_padding_mask=(prompt_padding_mask, None),
-                pad_token_id=(pad_token_id, 0),
-                num_return_sequences=(num_return_sequences, 1),
-                return_scores=(return_scores, False),
+                prompt_padding_mask=(prompt_padding_mask, None), pad_token_id=(pad_token_id, 0),
+                num_return_sequences=(num_return_sequences, 1), return_scores=(return_scores, False),
             )
             return _text_tasks.generate_text(
                 self, prompt_ids, max_new_tokens, max_length, sampling=sampling,
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                stop_token_ids=stop_token_ids, num_beams=num_beams,
-                length_penalty=length_penalty,
+                stop_token_ids=stop_token_ids, num_beams=num_beams, length_penalty=length_penalty,
             )
         prompt, prompt_padding_mask = _generation_args.check_prompt(
             self, prompt_ids, prompt_padding_mask

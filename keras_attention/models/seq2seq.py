@@ -365,11 +365,11 @@ class Seq2SeqTransformer(
         max_new_tokens: int,
         start_token_id: int | list[int],
         end_token_id: int | None = None,
-        sampling: str = "greedy",
-        num_beams: int = 4,
+        sampling: str | None = None,
+        num_beams: int | None = None,
         length_penalty: float = 1.0,
         num_return_sequences: int = 1,
-        temperature: float = 1.0,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
@@ -394,9 +394,11 @@ class Seq2SeqTransformer(
             end_token_id: optional id that ends a hypothesis (`None`: every
                 hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
-                `"top_p"` (see `GPT.generate` for the sampling ones).
-            num_beams: positive int, the hypotheses beam search keeps per
-                source.
+                `"top_p"` (see `GPT.generate` for the sampling ones). By
+                default the sampler given to `compile(sampler=...)`, else
+                `"greedy"`, as in `GPT.generate`.
+            num_beams: positive int (default 4), the hypotheses beam search
+                keeps per source.
             length_penalty: float; beam hypotheses (and the returned scores)
                 rank by `sum log p / length ** length_penalty`, `length` the
                 new tokens, the end token included (0: plain log-probability).
@@ -417,6 +419,9 @@ class Seq2SeqTransformer(
             `return_scores`, also float32 scores `(B,)` (or `(B,
             num_return_sequences)`).
         """
+        sampling, temperature, top_k, top_p, seed, num_beams = self.sampling_arguments(
+            sampling, temperature, top_k, top_p, seed, num_beams
+        )
         source, mask = _generation_args.check_source(
             self, encoder_token_ids, encoder_padding_mask
         )

@@ -260,3 +260,130 @@ def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
     assert model.translate(sources, **beams) == [model.translate(t, **beams) for t in sources]
     with pytest.raises(ValueError, match=r"`num_return_sequences` is for prompts of ids"):
         model.translate(sources, sampling="beam", num_return_sequences=2)
+
+
+def _random_gpt(seed=0):
+    gpt = GPT(8, 16, 1, 2, 8, 16)
+    gpt.build((None, None))
+    rng = np.random.default_rng(seed)
+    for variable in gpt.weights:
+        variable.assign(rng.normal(scale=1.0, size=variable.shape).astype("float32"))
+    return gpt
+
+
+SAMPLERS = [
+    ("top_k", dict(sampling="top_k", top_k=5)),  # KerasHub's defaults for the names
+    ("top_p", dict(sampling="top_p", top_p=0.1)),
+    ("beam", dict(sampling="beam", num_beams=5)),
+    ("random", dict(sampling="random")),
+    ("greedy", dict(sampling="greedy")),
+    (lambda: keras_hub.samplers.TopKSampler(k=2, seed=7, temperature=0.5),
+     dict(sampling="top_k", top_k=2, seed=7, temperature=0.5)),
+    (lambda: keras_hub.samplers.TopPSampler(p=0.6, seed=4, temperature=2.0),
+     dict(sampling="top_p", top_p=0.6, seed=4, temperature=2.0)),
+    (lambda: keras_hub.samplers.RandomSampler(seed=5), dict(sampling="random", seed=5)),
+    (lambda: keras_hub.samplers.BeamSampler(num_beams=3), dict(sampling="beam", num_beams=3)),
+    (lambda: keras_hub.samplers.GreedySampler(), dict(sampling="greedy")),
+]
+
+
+@pytest.mark.parametrize("sampler, arguments", SAMPLERS, ids=[str(i) for i in range(len(SAMPLERS))])
+def test_compile_takes_keras_hub_samplers(sampler, arguments):
+    """`compile(sampler=...)` sets what `generate` does, as the matching
+    arguments would; `generate`'s own arguments take precedence."""
+    gpt = _random_gpt()
+    prompt = np.array([[1, 2, 3], [4, 5, 6]], "int32")
+    seeded = {"seed": 11} if "seed" not in arguments else {}
+    expected = gpt.generate(prompt, 6, **{**arguments, **seeded})
+    greedy = gpt.generate(prompt, 6)  # not compiled: greedy
+    gpt.compile(optimizer="sgd", sampler=sampler() if callable(sampler) else sampler)
+    np.testing.assert_array_equal(gpt.generate(prompt, 6, **seeded), expected)
+    # A given `sampling` replaces the sampler.
+    np.testing.assert_array_equal(gpt.generate(prompt, 6, sampling="greedy"), greedy)
+    if arguments["sampling"] == "top_k":
+        # A given argument overrides the sampler's: top_k=1 is greedy.
+        np.testing.assert_array_equal(gpt.generate(prompt, 6, top_k=1, seed=3), greedy)
+
+
+def test_sampled_tokens_follow_the_sampler_seed_and_a_translation_model_takes_one():
+    gpt = _random_gpt()
+    prompt = np.array([[1, 2, 3]], "int32")
+    runs = []
+    for seed in (1, 2, 3):
+        gpt.compile(sampler=keras_hub.samplers.RandomSampler(seed=seed, temperature=3.0))
+        runs.append(gpt.generate(prompt, 8))
+    assert len({r.tobytes() for r in runs}) > 1  # the seed reaches the loop
+    model = Seq2SeqTransformer(9, 9, 8, 8, num_encoder_layers=1, num_decoder_layers=1,
+                               num_heads=2, hidden_dim=8, intermediate_dim=16)
+    source = np.array([[3, 4, 5], [6, 7, 8]], "int32")
+    expected = model.generate(source, 4, start_token_id=1, sampling="beam", num_beams=2,
+                              return_scores=True)
+    model.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=2))
+    for got, want in zip(model.generate(source, 4, start_token_id=1, return_scores=True),
+                         expected):
+        np.testing.assert_array_equal(got, want)
+
+
+class _OwnSampler(keras_hub.samplers.GreedySampler):
+    def get_next_token(self, probabilities):
+        return keras.ops.argmin(probabilities, axis=-1)
+
+
+@pytest.mark.parametrize(
+    "sampler, message",
+    [
+        ("contrastive", r"`sampler` must be one of \['beam', 'greedy', 'random', 'top_k', "
+                        r"'top_p'\].*sampler='contrastive'"),
+        (lambda: keras_hub.samplers.TopPSampler(p=0.5, k=3), r"TopPSampler with k=3"),
+        (lambda: keras_hub.samplers.BeamSampler(return_all_beams=True),
+         r"return_all_beams=True: pass num_return_sequences"),
+        (lambda: keras_hub.samplers.BeamSampler(temperature=0.5), r"temperature=0.5"),
+        (lambda: keras_hub.samplers.ContrastiveSampler(), r"must be a name or.*ContrastiveSampler"),
+        (lambda: _OwnSampler(), r"not a sampler's own code.*_OwnSampler"),
+    ],
+    ids=["name", "top_p_k", "all_beams", "beam_temperature", "contrastive", "subclass"],
+)
+def test_compile_refuses_samplers_the_loop_cannot_run(sampler, message):
+    gpt = _random_gpt()
+    with pytest.raises(ValueError, match=message):
+        gpt.compile(sampler=sampler() if callable(sampler) else sampler)
+
+
+def test_a_keras_file_loads_compiled_with_its_optimizer_state_and_sampler(tmp_path):
+    """`model.save` then `keras.models.load_model`: the model comes back
+    compiled (Keras skips a custom `compile` unless the model compiles from
+    its config), with the optimizer's trained state and the sampler."""
+    gpt = _random_gpt()
+    gpt.compile(optimizer="adam", sampler=keras_hub.samplers.TopKSampler(k=3, seed=1))
+    ids = np.array([[1, 2, 3, 4], [5, 6, 7, 1]], "int32")
+    gpt.fit(ids, ids, epochs=2, verbose=0)
+    path = str(tmp_path / "gpt.keras")
+    gpt.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.compiled
+    assert isinstance(loaded.sampler, keras_hub.samplers.TopKSampler)
+    assert (loaded.sampler.k, loaded.sampler.seed) == (3, 1)
+    np.testing.assert_array_equal(loaded.generate(ids[:, :2], 4), gpt.generate(ids[:, :2], 4))
+    saved = [keras.ops.convert_to_numpy(v) for v in gpt.optimizer.variables]
+    restored = [keras.ops.convert_to_numpy(v) for v in loaded.optimizer.variables]
+    assert len(saved) == len(restored) and int(restored[0]) == 2  # two steps taken
+    for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a, b)
+    # Training goes on from there, as it would have without the round trip.
+    gpt.train_on_batch(ids, ids)
+    loaded.train_on_batch(ids, ids)
+    for a, b in zip(gpt.weights, loaded.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b),
+                                   rtol=1e-5, atol=1e-6)
+    # A name as the sampler, and a model without one.
+    model = Seq2SeqTransformer(9, 9, 8, 8, num_encoder_layers=1, num_decoder_layers=1,
+                               num_heads=2, hidden_dim=8, intermediate_dim=16)
+    model.build()
+    model.compile(optimizer="sgd", sampler="beam")
+    model.save(path)
+    assert keras.models.load_model(path).sampler == "beam"
+    bert = BertMaskedLM(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=8,
+                        intermediate_dim=16, max_sequence_length=8)
+    bert.compile(optimizer="sgd")
+    bert.save(path)
+    assert keras.models.load_model(path).compiled
