@@ -11,12 +11,32 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_attention.models import _text
 from keras_attention.models._text import TextModel
 from keras_attention.models._text import import_keras_hub
 from keras_attention.models._text import new_token_count
 from keras_attention.models._text import special_token_id
 from keras_attention.models._text import to_numpy
 from keras_attention.models._text import to_strings
+
+
+def generate_inputs(
+    model, inputs, max_new_tokens, max_length, prompt_padding_mask, pad_token_id,
+    num_return_sequences, return_scores, **kwargs,
+):
+    """`GPT.generate` on text (`generate_text`) or on KerasHub's input
+    dictionary (`generate_packed`), refusing the id-level arguments each
+    cannot honour."""
+    refused = dict(num_return_sequences=(num_return_sequences, 1),
+                   return_scores=(return_scores, False))
+    if isinstance(inputs, dict):
+        check_text_generation(prompt_padding_mask=(prompt_padding_mask, None), **refused)
+        return generate_packed(
+            model, inputs, max_new_tokens, max_length, pad_token_id=pad_token_id, **kwargs
+        )
+    check_text_generation(prompt_padding_mask=(prompt_padding_mask, None),
+                          pad_token_id=(pad_token_id, 0), **refused)
+    return generate_text(model, inputs, max_new_tokens, max_length, **kwargs)
 
 
 def generate_text(model, prompts, max_new_tokens=None, max_length=None, **kwargs):
@@ -47,65 +67,95 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, **kwargs
             f"`prompt` {row} is longer than the model's max_sequence_length "
             f"({model.max_sequence_length} tokens). Received: {texts[row][:60]!r}..."
         )
-    prompt_length, shortest = int(lengths.max()), int(lengths.min())
-    new = new_token_count(max_new_tokens, max_length, prompt_length)
     if kwargs.get("stop_token_ids") is None:
         kwargs["stop_token_ids"] = [tokenizer.end_token_id]
     kwargs["pad_token_id"] = tokenizer.pad_token_id
+    output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
+    real = real_tokens(output, lengths, limits, kwargs["stop_token_ids"])
+    strings = to_strings(
+        preprocessor.generate_postprocess({"token_ids": output, "padding_mask": real})
+    )
+    return strings[0] if isinstance(prompts, str) else strings
+
+
+def generate_packed(model, inputs, max_new_tokens=None, max_length=None, **kwargs):
+    """`GPT.generate` on KerasHub's input dictionary `{"token_ids",
+    "padding_mask"}` (prompts packed to a width `W`, right padding), as
+    KerasHub's `generate` without a preprocessor: by default each row is
+    continued to the width `W` (`max_length` to another width;
+    `max_new_tokens` for as many tokens after each prompt), and the result is
+    the dictionary again, its mask `True` up to each row's first stop token
+    (included)."""
+    ids, extra = _text.unpack_token_inputs(inputs, {}, "GPT.generate")
+    ids = to_numpy(ids)
+    mask = extra.get("padding_mask")
+    mask = np.ones(ids.shape, bool) if mask is None else to_numpy(mask).astype(bool)
+    if max_new_tokens is None and max_length is None:
+        max_length = ids.shape[-1]
+    output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
+    lengths = mask.sum(axis=-1)
+    stop = kwargs.get("stop_token_ids") or []
+    return {"token_ids": output, "padding_mask": real_tokens(output, lengths, limits, stop)}
+
+
+def continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs):
+    """`(output (B, L), limits (B,))`: each row of `ids` `(B, W)` continued
+    after its prompt (its `mask`'s `True` prefix) by `max_new_tokens`, or to
+    `max_length` tokens (KerasHub's meaning: a shorter prompt gets more new
+    tokens), through `model.generate` with `kwargs`; a row's tokens stand
+    before its limit."""
+    lengths = mask.sum(axis=1)  # (B,)
+    prompt_length, shortest = int(lengths.max()), int(lengths.min())
+    new = new_token_count(max_new_tokens, max_length, prompt_length)
     if max_length is not None and max_length > model.max_sequence_length:
         raise ValueError(
             f"`max_length` must be at most the model's max_sequence_length "
             f"({model.max_sequence_length}). Received: max_length={max_length}"
         )
     if max_length is not None:
-        # KerasHub's `max_length`: every row continues to `max_length`
-        # tokens, a shorter prompt with more new ones. Each row gets the new
-        # tokens of the shortest, and is cut at `max_length`; rows decode
-        # independently, so the cut rows are what a row alone would give.
+        # Every row continues to `max_length` tokens, a shorter prompt with
+        # more new ones. Each row gets the new tokens of the shortest, and is
+        # cut at `max_length`; rows decode independently, so the cut rows
+        # are what a row alone would give.
         new = max_length - shortest
         if prompt_length + new > model.max_sequence_length:
             # Too long for one call: one call per prompt length.
-            output = np.full((len(texts), max_length), tokenizer.pad_token_id, "int32")
+            output = np.full((len(ids), max_length), kwargs.get("pad_token_id", 0), "int32")
             for length in np.unique(lengths):
                 rows = np.flatnonzero(lengths == length)
                 output[rows] = model.generate(ids[rows, :length], max_length - int(length), **kwargs)
-            return _postprocess_generated(preprocessor, output, lengths, max_length, kwargs, prompts)
+            return output, np.full_like(lengths, max_length)
     ids, mask = ids[:, :prompt_length], mask[:, :prompt_length]  # (B, P)
     output = model.generate(
         ids, new, prompt_padding_mask=None if mask.all() else mask, **kwargs
     )  # (B, P + new)
-    limits = lengths + new if max_length is None else np.full_like(lengths, max_length)
-    return _postprocess_generated(preprocessor, output, lengths, limits, kwargs, prompts)
+    if max_length is None:
+        return output, lengths + new
+    return output[:, :max_length], np.full_like(lengths, max_length)
+
+
+def real_tokens(output, lengths, limits, stop_token_ids):
+    """bool `(B, L)`: each row's prompt (`lengths`), then its new tokens
+    before `limits` up to its first stop token, included."""
+    positions = np.arange(output.shape[1])[None, :]  # (1, L)
+    generated = positions >= lengths[:, None]  # (B, L)
+    stops = np.isin(output, np.asarray(stop_token_ids, "int32")) & generated
+    first_stop = np.where(stops.any(axis=1), stops.argmax(axis=1), output.shape[1])
+    return (positions < limits[:, None]) & (positions <= first_stop[:, None])
 
 
 def check_text_generation(**arguments):
-    """Refuses the id-level arguments of `generate` that text does not take:
-    `arguments` maps each name to `(value, default)`. The preprocessor makes
-    the padding and its tokenizer gives the pad id; a string comes back per
-    prompt, without scores."""
+    """Refuses the arguments of `generate` on an id array that text (or an
+    input dictionary) does not take: `arguments` maps each name to `(value,
+    default)`. The preprocessor (the dictionary) gives the padding and the
+    tokenizer the pad id; one sequence comes back per prompt, without scores."""
     for name, (value, default) in arguments.items():
         if value is not default and not (isinstance(value, (bool, int)) and value == default):
             raise ValueError(
-                f"`{name}` is for prompts of ids; with text the preprocessor makes the "
-                f"padding and one string comes back per prompt. Received: {name}={value!r:.60}"
+                f"`{name}` is for prompts given as an id array; with text or an input "
+                "dictionary, the padding comes with the prompts and one sequence comes "
+                f"back per prompt. Received: {name}={value!r:.60}"
             )
-
-
-def _postprocess_generated(preprocessor, output, lengths, limits, kwargs, prompts):
-    """The text of `output` `(B, L)`: each row's prompt (`lengths`), then its
-    new tokens up to `limits` and its first stop token (stripped, with the
-    other special tokens, by `generate_postprocess`)."""
-    positions = np.arange(output.shape[1])[None, :]  # (1, L)
-    generated = positions >= lengths[:, None]  # (B, L)
-    stops = np.isin(output, np.asarray(kwargs["stop_token_ids"], "int32")) & generated
-    first_stop = np.where(stops.any(axis=1), stops.argmax(axis=1), output.shape[1])
-    real = (positions < np.broadcast_to(limits, lengths.shape)[:, None]) & (
-        positions <= first_stop[:, None]
-    )
-    strings = to_strings(
-        preprocessor.generate_postprocess({"token_ids": output, "padding_mask": real})
-    )
-    return strings[0] if isinstance(prompts, str) else strings
 
 
 def _tokenize(tokenizer, text):
@@ -313,6 +363,21 @@ class GeneratingTextModel(TextModel):
         if isinstance(config.get("sampler"), dict):
             import_keras_hub("Loading a model compiled with a KerasHub sampler")
         super().compile_from_config(config)
+
+    def stop_token_arguments(self, stop_token_ids):
+        """`stop_token_ids` as given, but KerasHub's `"auto"`: the
+        preprocessor's tokenizer's end token(s)."""
+        if not (isinstance(stop_token_ids, str) and stop_token_ids == "auto"):
+            return stop_token_ids
+        if self.preprocessor is None:
+            raise ValueError(
+                'stop_token_ids="auto" takes the end token of the preprocessor\'s tokenizer, '
+                "and this model has no preprocessor: pass the ids, or None to generate every "
+                "token. Received: stop_token_ids='auto'"
+            )
+        tokenizer = self.preprocessor.tokenizer
+        ends = [getattr(tokenizer, name, None) for name in ("end_token_id", "end_token2_id")]
+        return [end for end in ends if end is not None]
 
     def sampling_arguments(self, sampling, temperature, top_k, top_p, seed, num_beams):
         """`generate`'s `(sampling, temperature, top_k, top_p, seed,

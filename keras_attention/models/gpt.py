@@ -356,10 +356,10 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         (`keras_attention.models.generation`).
 
         Args:
-            prompt_ids: int `(B, P)` prompts; or, with a `preprocessor`, a
-                string or a list of strings (the result is then text too:
-                each prompt with its continuation, special tokens removed;
-                rows end at the tokenizer's end token).
+            prompt_ids: int `(B, P)` prompts; KerasHub's input dictionary
+                (a dictionary back, by default to its width, as KerasHub's);
+                or, with a `preprocessor`, text (text back, rows ending at
+                the tokenizer's end token).
             max_new_tokens: positive int, the tokens to add to each prompt.
                 Give this or `max_length`.
             sampling: `"greedy"` (the most likely token), `"random"` (from
@@ -375,7 +375,8 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
             top_p: float in (0, 1], for `"top_p"` (a tiny value is greedy).
             seed: optional int; the same seed gives the same tokens.
             stop_token_ids: optional ids that end a row (a beam hypothesis)
-                once generated; the positions after it are `pad_token_id`.
+                once generated, the positions after it `pad_token_id`;
+                `"auto"`: the preprocessor's end token, as KerasHub's.
             prompt_padding_mask: optional bool `(B, P)` for prompts of
                 different lengths: each row's prompt is its first `True`
                 positions (right padding); its new tokens follow it (in beam
@@ -407,15 +408,14 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         sampling, temperature, top_k, top_p, seed, num_beams = self.sampling_arguments(
             sampling, temperature, top_k, top_p, seed, num_beams
         )
-        if _text.is_text(prompt_ids):
-            _text_tasks.check_text_generation(
-                prompt_padding_mask=(prompt_padding_mask, None), pad_token_id=(pad_token_id, 0),
-                num_return_sequences=(num_return_sequences, 1), return_scores=(return_scores, False),
-            )
-            return _text_tasks.generate_text(
+        stop_token_ids = self.stop_token_arguments(stop_token_ids)
+        if _text.is_text(prompt_ids) or isinstance(prompt_ids, dict):
+            return _text_tasks.generate_inputs(
                 self, prompt_ids, max_new_tokens, max_length, sampling=sampling,
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                 stop_token_ids=stop_token_ids, num_beams=num_beams, length_penalty=length_penalty,
+                prompt_padding_mask=prompt_padding_mask, pad_token_id=pad_token_id,
+                num_return_sequences=num_return_sequences, return_scores=return_scores,
             )
         prompt, prompt_padding_mask = _generation_args.check_prompt(
             self, prompt_ids, prompt_padding_mask

@@ -143,7 +143,7 @@ def test_text_without_a_preprocessor_and_wrong_arguments_say_what_they_take(gpt_
         ("num_return_sequences", 2), ("return_scores", True), ("pad_token_id", 3),
         ("prompt_padding_mask", np.ones((1, 2), bool)),
     ]:
-        with pytest.raises(ValueError, match=rf"`{name}` is for prompts of ids.*{name}="):
+        with pytest.raises(ValueError, match=rf"`{name}` is for prompts given as an id array.*{name}="):
             with_text.generate("a b", max_new_tokens=2, sampling="beam", **{name: value})
 
 
@@ -258,7 +258,7 @@ def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
     # source alone.
     beams = dict(max_length=6, sampling="beam", num_beams=2)
     assert model.translate(sources, **beams) == [model.translate(t, **beams) for t in sources]
-    with pytest.raises(ValueError, match=r"`num_return_sequences` is for prompts of ids"):
+    with pytest.raises(ValueError, match=r"`num_return_sequences` is for prompts given as an id array"):
         model.translate(sources, sampling="beam", num_return_sequences=2)
 
 
@@ -387,3 +387,50 @@ def test_a_keras_file_loads_compiled_with_its_optimizer_state_and_sampler(tmp_pa
     bert.compile(optimizer="sgd")
     bert.save(path)
     assert keras.models.load_model(path).compiled
+
+
+@pytest.mark.parametrize("stopping", [False, True], ids=["no_stop", "stop_token"])
+def test_gpt_generates_from_the_input_dictionary_as_keras_hub_does(gpt_preset, stopping):
+    """KerasHub's `generate` on packed inputs (no preprocessor): each row
+    continued to the packed width, the dictionary back, its mask `True` up
+    to the first stop token; the tokens agree wherever the mask is `True`."""
+    folder, task = gpt_preset
+    gpt = GPT.from_preset(str(folder))
+    packed = task.preprocessor.generate_preprocess(["a b", "c", "b a c c"], sequence_length=9)
+    packed = {k: keras.ops.convert_to_numpy(v) for k, v in packed.items()}
+    stop = None
+    if stopping:  # the first token row 0 generates, so that it stops there
+        first = gpt.generate(packed, stop_token_ids=None)["token_ids"]
+        stop = [int(first[0, packed["padding_mask"][0].sum()])]
+    preprocessor, task.preprocessor = task.preprocessor, None
+    try:
+        expected = task.generate(packed, stop_token_ids=stop)
+    finally:
+        task.preprocessor = preprocessor
+    expected = {k: keras.ops.convert_to_numpy(v) for k, v in expected.items()}
+    got = gpt.generate(packed, stop_token_ids=stop)
+    assert set(got) == {"token_ids", "padding_mask"} and got["token_ids"].shape == (3, 9)
+    np.testing.assert_array_equal(got["padding_mask"], expected["padding_mask"])
+    real = expected["padding_mask"]
+    np.testing.assert_array_equal(got["token_ids"][real], expected["token_ids"][real])
+    if stop:
+        assert not real.all()  # some row stopped early
+    # `max_new_tokens` instead: each row's new tokens after its own prompt.
+    lengths = packed["padding_mask"].sum(axis=1)
+    short = gpt.generate(packed, max_new_tokens=2, stop_token_ids=stop)
+    for row, length in enumerate(lengths):
+        alone = gpt.generate(packed["token_ids"][row : row + 1, :length], 2, stop_token_ids=stop)
+        np.testing.assert_array_equal(short["token_ids"][row, : length + 2], alone[0])
+
+
+def test_stop_token_ids_auto_is_the_preprocessor_s_end_token(gpt_preset):
+    folder, _ = gpt_preset
+    gpt = GPT.from_preset(str(folder))
+    ids = np.array([[0, 2, 6]], "int32")
+    end = gpt.preprocessor.tokenizer.end_token_id
+    np.testing.assert_array_equal(
+        gpt.generate(ids, 6, stop_token_ids="auto"), gpt.generate(ids, 6, stop_token_ids=[end])
+    )
+    gpt.preprocessor = None
+    with pytest.raises(ValueError, match=r"stop_token_ids=\"auto\".*no preprocessor"):
+        gpt.generate(ids, 6, stop_token_ids="auto")
