@@ -143,7 +143,7 @@ def test_text_without_a_preprocessor_and_wrong_arguments_say_what_they_take(gpt_
         ("num_return_sequences", 2), ("return_scores", True), ("pad_token_id", 3),
         ("prompt_padding_mask", np.ones((1, 2), bool)),
     ]:
-        with pytest.raises(ValueError, match=rf"`{name}` is for prompts given as an id array.*{name}="):
+        with pytest.raises(ValueError, match=rf"`{name}` is for prompts given as an id.*{name}="):
             with_text.generate("a b", max_new_tokens=2, sampling="beam", **{name: value})
 
 
@@ -258,7 +258,7 @@ def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
     # source alone.
     beams = dict(max_length=6, sampling="beam", num_beams=2)
     assert model.translate(sources, **beams) == [model.translate(t, **beams) for t in sources]
-    with pytest.raises(ValueError, match=r"`num_return_sequences` is for prompts given as an id array"):
+    with pytest.raises(ValueError, match=r"`num_return_sequences` is for prompts given as an id"):
         model.translate(sources, sampling="beam", num_return_sequences=2)
 
 
