@@ -394,9 +394,42 @@ class GeneratingTextModel(TextModel):
 
 
 class CausalTextModel(GeneratingTextModel):
-    """`TextModel` of a causal LM: KerasHub's `CausalLM` presets."""
+    """`TextModel` of a causal LM: KerasHub's `CausalLM` presets and
+    `score`."""
 
     keras_hub_task = "CausalLM"
+
+    def score(
+        self, token_ids: Any, padding_mask: Any = None, scoring_mode: str = "logits",
+        layer_intercept_fn: Any = None, target_ids: Any = None,
+    ) -> Any:
+        """Per-token scores of `token_ids` `(B, T)`, as KerasHub's
+        `CausalLM.score`: the logits `(B, T, V)` (`scoring_mode="logits"`),
+        or the cross-entropy of each position's logits against `target_ids`
+        `(B, T)` (`"loss"`: `(B, T)`, unreduced), from the model's own
+        forward pass (differentiable; `padding_mask` as the model's call:
+        the scores at padded positions are no prediction).
+
+        `layer_intercept_fn` is refused: the blocks run as they are. To change
+        what a block computes, subclass it and override its `call`, which
+        every path of the model honours."""
+        if scoring_mode not in ("logits", "loss"):
+            raise ValueError(
+                "`scoring_mode` must be 'logits' or 'loss'. Received: "
+                f"scoring_mode={scoring_mode!r}"
+            )
+        if scoring_mode == "loss" and target_ids is None:
+            raise ValueError("`target_ids` must be given with scoring_mode='loss'. Received: None")
+        if layer_intercept_fn is not None:
+            raise ValueError(
+                "`layer_intercept_fn` is not supported: the blocks run as they are (a block "
+                "subclass that overrides `call` changes them on every path). Received: "
+                f"layer_intercept_fn={layer_intercept_fn!r:.60}"
+            )
+        logits = self(token_ids, padding_mask=padding_mask)  # (B, T, V)
+        if scoring_mode == "logits":
+            return logits
+        return keras.losses.sparse_categorical_crossentropy(target_ids, logits, from_logits=True)
 
 
 class MaskedTextModel(TextModel):

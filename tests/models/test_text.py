@@ -434,3 +434,31 @@ def test_stop_token_ids_auto_is_the_preprocessor_s_end_token(gpt_preset):
     gpt.preprocessor = None
     with pytest.raises(ValueError, match=r"stop_token_ids=\"auto\".*no preprocessor"):
         gpt.generate(ids, 6, stop_token_ids="auto")
+
+
+def test_score_is_keras_hub_s(gpt_preset):
+    """`score` against KerasHub's `CausalLM.score` on the same weights, in
+    both modes, and its errors."""
+    folder, task = gpt_preset
+    gpt = GPT.from_preset(str(folder))
+    ids = np.array([[0, 2, 6, 3, 1], [0, 4, 0, 0, 0]], "int32")
+    mask = ids != 0
+    mask[:, 0] = True
+    targets = np.roll(ids, -1, axis=1)
+    for mode, target in [("logits", None), ("loss", targets)]:
+        expected = keras.ops.convert_to_numpy(
+            task.score(ids, padding_mask=mask, scoring_mode=mode, target_ids=target)
+        )
+        got = keras.ops.convert_to_numpy(
+            gpt.score(ids, padding_mask=mask, scoring_mode=mode, target_ids=target)
+        )
+        assert got.shape == expected.shape == ((2, 5, 8) if mode == "logits" else (2, 5))
+        # At the real positions (what a padded one reads is each model's own).
+        np.testing.assert_allclose(got[mask], expected[mask], rtol=1e-4, atol=1e-5)
+    for kwargs, message in [
+        (dict(scoring_mode="probs"), r"`scoring_mode` must be 'logits' or 'loss'.*'probs'"),
+        (dict(scoring_mode="loss"), r"`target_ids` must be given"),
+        (dict(layer_intercept_fn=lambda x, i: x), r"`layer_intercept_fn` is not supported"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            gpt.score(ids, **kwargs)
