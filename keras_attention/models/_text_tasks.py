@@ -381,13 +381,14 @@ class GeneratingTextModel(TextModel):
 
     def sampling_arguments(self, sampling, temperature, top_k, top_p, seed, num_beams):
         """`generate`'s `(sampling, temperature, top_k, top_p, seed,
-        num_beams)`: each as given, else (None) the compiled sampler's
-        (unless `sampling` is given), else the default."""
-        options = {} if sampling is not None else getattr(self, "_sampler_options", {})
+        num_beams)`: each as given, else (None; `"auto"` for `sampling`) the
+        compiled sampler's (unless `sampling` is given), else the default."""
+        auto = isinstance(sampling, str) and sampling == "auto"
+        options = getattr(self, "_sampler_options", {}) if auto else {}
         given = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                      num_beams=num_beams)
         defaults = {"temperature": 1.0, "num_beams": 4}
-        return (sampling or options.get("sampling", "greedy"),) + tuple(
+        return (options.get("sampling", "greedy") if auto else sampling,) + tuple(
             value if value is not None else options.get(name, defaults.get(name))
             for name, value in given.items()
         )
@@ -446,7 +447,7 @@ class TranslationTextModel(GeneratingTextModel):
 
     def translate(
         self, texts: str | list[str], max_length: int | None = None,
-        sampling: str | None = None, **kwargs: Any,
+        sampling: str = "auto", **kwargs: Any,
     ) -> str | list[str]:
         """The translations of `texts` (a string or a list of strings), as text.
 
@@ -458,7 +459,7 @@ class TranslationTextModel(GeneratingTextModel):
             max_length: the longest target, its start token(s) included
                 (default: the preprocessor's `decoder_sequence_length`, at
                 most `max_target_length`).
-            sampling: as `generate` (`"greedy"`, `"beam"`, ...; by default
+            sampling: as `generate` (`"greedy"`, `"beam"`, ...; `"auto"`:
                 the sampler given to `compile`, else greedy).
             **kwargs: other `generate` arguments (`num_beams`, `seed`, ...).
 

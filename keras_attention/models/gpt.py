@@ -329,7 +329,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         self,
         prompt_ids: Tensor | str | list[str],
         max_new_tokens: int | None = None,
-        sampling: str | None = None,
+        sampling: str = "auto",
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -368,7 +368,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
                 tokens holding probability `top_p`) or `"beam"` (beam search:
                 the `num_beams` most likely continuations are kept at each
                 step; the prompt runs once per row, then each step runs the
-                row's `num_beams` hypotheses as a batch). By default the
+                row's `num_beams` hypotheses as a batch). `"auto"`: the
                 sampler given to `compile(sampler=...)`, else `"greedy"`.
             temperature: positive float (default 1.0, or the sampler's).
             top_k: positive int, for `"top_k"` (`top_k=1` is greedy).

@@ -365,7 +365,7 @@ class Seq2SeqTransformer(
         max_new_tokens: int,
         start_token_id: int | list[int],
         end_token_id: int | None = None,
-        sampling: str | None = None,
+        sampling: str = "auto",
         num_beams: int | None = None,
         length_penalty: float = 1.0,
         num_return_sequences: int = 1,
@@ -394,9 +394,9 @@ class Seq2SeqTransformer(
             end_token_id: optional id that ends a hypothesis (`None`: every
                 hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
-                `"top_p"` (see `GPT.generate` for the sampling ones). By
-                default the sampler given to `compile(sampler=...)`, else
-                `"greedy"`, as in `GPT.generate`.
+                `"top_p"` (see `GPT.generate` for the sampling ones);
+                `"auto"`, as in `GPT.generate`: the sampler given to
+                `compile(sampler=...)`, else `"greedy"`.
             num_beams: positive int (default 4), the hypotheses beam search
                 keeps per source.
             length_penalty: float; beam hypotheses (and the returned scores)
