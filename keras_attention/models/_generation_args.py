@@ -165,3 +165,18 @@ def check_start_and_end(generator, start_token_id, end_token_id, pad_token_id):
                 f"Received: end_token_id={end_token_id}, pad_token_id={pad_token_id}"
             )
     return start_ids, end_token_id
+
+
+def strip_prompts(result, prompt, prompt_padding_mask, max_new_tokens):
+    """`generate`'s `result` (ids `(B, L)` or `(B, R, L)`, with scores when a
+    tuple) with each row's `max_new_tokens` new tokens only, taken from the
+    end of its own prompt: `(B, N)` or `(B, R, N)`."""
+    ids, *scores = result if isinstance(result, tuple) else (result,)
+    lengths = np.full(prompt.shape[0], prompt.shape[1])
+    if prompt_padding_mask is not None:
+        lengths = prompt_lengths(prompt, prompt_padding_mask)
+    positions = lengths[:, None] + np.arange(max_new_tokens)  # (B, N)
+    if ids.ndim == 3:
+        positions = np.broadcast_to(positions[:, None], ids.shape[:2] + (max_new_tokens,))
+    new = np.take_along_axis(ids, positions, axis=-1)
+    return (new, *scores) if scores else new

@@ -22,7 +22,7 @@ from keras_attention.models._text import to_strings
 
 def generate_inputs(
     model, inputs, max_new_tokens, max_length, prompt_padding_mask, pad_token_id,
-    num_return_sequences, return_scores, **kwargs,
+    num_return_sequences, return_scores, strip_prompt=False, **kwargs,
 ):
     """`GPT.generate` on text (`generate_text`) or on KerasHub's input
     dictionary (`generate_packed`), refusing the id-level arguments each
@@ -32,14 +32,16 @@ def generate_inputs(
     if isinstance(inputs, dict):
         check_text_generation(prompt_padding_mask=(prompt_padding_mask, None), **refused)
         return generate_packed(
-            model, inputs, max_new_tokens, max_length, pad_token_id=pad_token_id, **kwargs
+            model, inputs, max_new_tokens, max_length, strip_prompt,
+            pad_token_id=pad_token_id, **kwargs,
         )
     check_text_generation(prompt_padding_mask=(prompt_padding_mask, None),
                           pad_token_id=(pad_token_id, 0), **refused)
-    return generate_text(model, inputs, max_new_tokens, max_length, **kwargs)
+    return generate_text(model, inputs, max_new_tokens, max_length, strip_prompt, **kwargs)
 
 
-def generate_text(model, prompts, max_new_tokens=None, max_length=None, **kwargs):
+def generate_text(model, prompts, max_new_tokens=None, max_length=None, strip_prompt=False,
+                  **kwargs):
     """`GPT.generate` on text: each prompt with its continuation, as text.
 
     The preprocessor's `generate_preprocess` makes the ids (its start token
@@ -47,7 +49,8 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, **kwargs
     `stop_token_ids` says otherwise, and `generate_postprocess` turns the
     output back into text (the special tokens stripped). Without
     `max_new_tokens` or `max_length`, `max_length` is the preprocessor's
-    `sequence_length`, as in KerasHub.
+    `sequence_length`, as in KerasHub. With `strip_prompt`, the
+    continuations alone.
     """
     preprocessor = model.require_preprocessor("generate")
     tokenizer = preprocessor.tokenizer
@@ -71,21 +74,23 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, **kwargs
         kwargs["stop_token_ids"] = [tokenizer.end_token_id]
     kwargs["pad_token_id"] = tokenizer.pad_token_id
     output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
-    real = real_tokens(output, lengths, limits, kwargs["stop_token_ids"])
+    real = real_tokens(output, lengths, limits, kwargs["stop_token_ids"], strip_prompt)
     strings = to_strings(
         preprocessor.generate_postprocess({"token_ids": output, "padding_mask": real})
     )
     return strings[0] if isinstance(prompts, str) else strings
 
 
-def generate_packed(model, inputs, max_new_tokens=None, max_length=None, **kwargs):
+def generate_packed(model, inputs, max_new_tokens=None, max_length=None, strip_prompt=False,
+                    **kwargs):
     """`GPT.generate` on KerasHub's input dictionary `{"token_ids",
     "padding_mask"}` (prompts packed to a width `W`, right padding), as
     KerasHub's `generate` without a preprocessor: by default each row is
     continued to the width `W` (`max_length` to another width;
     `max_new_tokens` for as many tokens after each prompt), and the result is
     the dictionary again, its mask `True` up to each row's first stop token
-    (included)."""
+    (included). With `strip_prompt`, as KerasHub's: each row shifted left
+    by its prompt's length, the mask `True` on the new tokens only."""
     ids, extra = _text.unpack_token_inputs(inputs, {}, "GPT.generate")
     ids = to_numpy(ids)
     mask = extra.get("padding_mask")
@@ -95,7 +100,13 @@ def generate_packed(model, inputs, max_new_tokens=None, max_length=None, **kwarg
     output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
     lengths = mask.sum(axis=-1)
     stop = kwargs.get("stop_token_ids") or []
-    return {"token_ids": output, "padding_mask": real_tokens(output, lengths, limits, stop)}
+    real = real_tokens(output, lengths, limits, stop, strip_prompt)
+    if strip_prompt:
+        width = output.shape[1]
+        shifted = (lengths[:, None] + np.arange(width)) % width  # (B, L)
+        output = np.take_along_axis(output, shifted, axis=1)
+        real = np.take_along_axis(real, shifted, axis=1)
+    return {"token_ids": output, "padding_mask": real}
 
 
 def continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs):
@@ -134,14 +145,15 @@ def continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs):
     return output[:, :max_length], np.full_like(lengths, max_length)
 
 
-def real_tokens(output, lengths, limits, stop_token_ids):
-    """bool `(B, L)`: each row's prompt (`lengths`), then its new tokens
-    before `limits` up to its first stop token, included."""
+def real_tokens(output, lengths, limits, stop_token_ids, new_only=False):
+    """bool `(B, L)`: each row's prompt (`lengths`; not with `new_only`),
+    then its new tokens before `limits` up to its first stop token, included."""
     positions = np.arange(output.shape[1])[None, :]  # (1, L)
     generated = positions >= lengths[:, None]  # (B, L)
     stops = np.isin(output, np.asarray(stop_token_ids, "int32")) & generated
     first_stop = np.where(stops.any(axis=1), stops.argmax(axis=1), output.shape[1])
-    return (positions < limits[:, None]) & (positions <= first_stop[:, None])
+    real = (positions < limits[:, None]) & (positions <= first_stop[:, None])
+    return real & generated if new_only else real
 
 
 def check_text_generation(**arguments):

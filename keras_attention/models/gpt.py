@@ -342,6 +342,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         length_penalty: float = 1.0,
         num_return_sequences: int = 1,
         return_scores: bool = False,
+        strip_prompt: bool = False,
     ):
         """Continues prompts token by token with the KV cache.
 
@@ -396,6 +397,9 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
             return_scores: bool, also return each sequence's score: the
                 log-probability of its new tokens over `length **
                 length_penalty` as above.
+            strip_prompt: bool, KerasHub's: the new tokens only, each row's
+                from the end of its own prompt (`(B, max_new_tokens)` for
+                ids; text, the continuation; a dictionary, shifted left).
 
         Returns:
             int32 numpy array `(B, P + max_new_tokens)`: each prompt followed
@@ -416,6 +420,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
                 stop_token_ids=stop_token_ids, num_beams=num_beams, length_penalty=length_penalty,
                 prompt_padding_mask=prompt_padding_mask, pad_token_id=pad_token_id,
                 num_return_sequences=num_return_sequences, return_scores=return_scores,
+                strip_prompt=strip_prompt,
             )
         prompt, prompt_padding_mask = _generation_args.check_prompt(
             self, prompt_ids, prompt_padding_mask
@@ -433,22 +438,16 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         generator = generation.model_generator(
             self, self._call_with_layer_caches, self._empty_layer_caches, self.vocabulary_size
         )
-        return generator.run(
-            prompt,
-            max_new_tokens,
-            sampling=sampling,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop_token_ids=stop_token_ids,
-            prompt_padding_mask=prompt_padding_mask,
-            pad_token_id=pad_token_id,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            num_return_sequences=num_return_sequences,
-            return_scores=return_scores,
+        result = generator.run(
+            prompt, max_new_tokens, sampling=sampling, temperature=temperature, top_k=top_k,
+            top_p=top_p, seed=seed, stop_token_ids=stop_token_ids,
+            prompt_padding_mask=prompt_padding_mask, pad_token_id=pad_token_id,
+            num_beams=num_beams, length_penalty=length_penalty,
+            num_return_sequences=num_return_sequences, return_scores=return_scores,
         )
+        if not strip_prompt:
+            return result
+        return _generation_args.strip_prompts(result, prompt, prompt_padding_mask, max_new_tokens)
 
     def _check_ids(self, name, ids):
         _validation.check_token_ids(

@@ -462,3 +462,51 @@ def test_score_is_keras_hub_s(gpt_preset):
     ]:
         with pytest.raises(ValueError, match=message):
             gpt.score(ids, **kwargs)
+
+
+def test_strip_prompt_returns_the_new_tokens_only(gpt_preset):
+    """KerasHub's `strip_prompt`: ids, text and the packed dictionary (the
+    last against `GPT2CausalLM.generate(..., strip_prompt=True)`)."""
+    folder, task = gpt_preset
+    gpt = GPT.from_preset(str(folder))
+    # Ids, prompts of different lengths, greedy and beams with scores.
+    ids = np.array([[0, 2, 6, 3], [0, 4, 0, 0]], "int32")
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
+    full = gpt.generate(ids, 3, prompt_padding_mask=mask)
+    new = gpt.generate(ids, 3, prompt_padding_mask=mask, strip_prompt=True)
+    np.testing.assert_array_equal(new, [full[0, 4:7], full[1, 2:5]])
+    beams = dict(sampling="beam", num_beams=2, num_return_sequences=2, return_scores=True)
+    (full, scores), (new, new_scores) = (
+        gpt.generate(ids, 3, prompt_padding_mask=mask, strip_prompt=strip, **beams)
+        for strip in (False, True)
+    )
+    np.testing.assert_array_equal(new, np.stack([full[0, :, 4:7], full[1, :, 2:5]]))
+    np.testing.assert_array_equal(new_scores, scores)
+    # Text: the continuation of each prompt.
+    prompts = ["a b", "c"]
+    tokenizer = gpt.preprocessor.tokenizer
+    continuations = gpt.generate(prompts, max_new_tokens=3, strip_prompt=True)
+    for prompt, continuation in zip(prompts, continuations):
+        prompt_ids = _tokenize_with_start(gpt, prompt)
+        tail = gpt.generate(prompt_ids[None], 3, stop_token_ids=[tokenizer.end_token_id])[0]
+        tail = [t for t in tail[len(prompt_ids):] if t != tokenizer.end_token_id]
+        assert continuation == _detokenize(tokenizer, tail)
+    # The packed dictionary, as KerasHub strips it.
+    packed = gpt.preprocessor.generate_preprocess(["a b", "c", "b a c c"], sequence_length=9)
+    packed = {k: keras.ops.convert_to_numpy(v) for k, v in packed.items()}
+    preprocessor, task.preprocessor = task.preprocessor, None
+    try:
+        expected = task.generate(packed, stop_token_ids=None, strip_prompt=True)
+    finally:
+        task.preprocessor = preprocessor
+    expected = {k: keras.ops.convert_to_numpy(v) for k, v in expected.items()}
+    got = gpt.generate(packed, stop_token_ids=None, strip_prompt=True)
+    np.testing.assert_array_equal(got["padding_mask"], expected["padding_mask"])
+    real = expected["padding_mask"]
+    np.testing.assert_array_equal(got["token_ids"][real], expected["token_ids"][real])
+
+
+def _tokenize_with_start(gpt, text):
+    packed = gpt.preprocessor.generate_preprocess([text], sequence_length=16)
+    ids = keras.ops.convert_to_numpy(packed["token_ids"])[0]
+    return ids[keras.ops.convert_to_numpy(packed["padding_mask"])[0].astype(bool)].astype("int32")
