@@ -202,7 +202,7 @@ def test_ragged_beam_search_equals_each_prompt_alone(small):
         alone, alone_scores = small.generate(prompts[b : b + 1, :length], 3, **kwargs)
         np.testing.assert_array_equal(sequences[b, :, : length + 3], alone[0])
         np.testing.assert_array_equal(sequences[b, :, length + 3 :], PAD)
-        np.testing.assert_allclose(scores[b], alone_scores[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(scores[b], alone_scores[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
