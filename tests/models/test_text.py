@@ -296,15 +296,22 @@ SAMPLERS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def sampler_gpt():
+    """One model for the sampler tests, so that each compiled loop is made
+    once; each test compiles it with its own sampler."""
+    return _random_gpt()
+
+
 @pytest.mark.parametrize("sampler, arguments", SAMPLERS, ids=[str(i) for i in range(len(SAMPLERS))])
-def test_compile_takes_keras_hub_samplers(sampler, arguments):
+def test_compile_takes_keras_hub_samplers(sampler_gpt, sampler, arguments):
     """`compile(sampler=...)` sets what `generate` does, as the matching
     arguments would; `generate`'s own arguments take precedence."""
-    gpt = _random_gpt()
+    gpt = sampler_gpt
     prompt = np.array([[1, 2, 3], [4, 5, 6]], "int32")
     seeded = {"seed": 11} if "seed" not in arguments else {}
     expected = gpt.generate(prompt, 6, **{**arguments, **seeded})
-    greedy = gpt.generate(prompt, 6)  # not compiled: greedy
+    greedy = gpt.generate(prompt, 6, sampling="greedy")
     gpt.compile(optimizer="sgd", sampler=sampler() if callable(sampler) else sampler)
     np.testing.assert_array_equal(gpt.generate(prompt, 6, **seeded), expected)
     # A given `sampling` replaces the sampler.
@@ -317,6 +324,11 @@ def test_compile_takes_keras_hub_samplers(sampler, arguments):
 def test_sampled_tokens_follow_the_sampler_seed_and_a_translation_model_takes_one():
     gpt = _random_gpt()
     prompt = np.array([[1, 2, 3]], "int32")
+    # Without a sampler (not compiled, or compiled without one): greedy.
+    greedy = gpt.generate(prompt, 8, sampling="greedy")
+    np.testing.assert_array_equal(gpt.generate(prompt, 8), greedy)
+    gpt.compile(optimizer="sgd")
+    np.testing.assert_array_equal(gpt.generate(prompt, 8), greedy)
     runs = []
     for seed in (1, 2, 3):
         gpt.compile(sampler=keras_hub.samplers.RandomSampler(seed=seed, temperature=3.0))
