@@ -27,16 +27,16 @@ def generate_inputs(
     """`GPT.generate` on text (`generate_text`) or on KerasHub's input
     dictionary (`generate_packed`), refusing the id-level arguments each
     cannot honour."""
-    refused = dict(num_return_sequences=(num_return_sequences, 1),
+    refused = dict(prompt_padding_mask=(prompt_padding_mask, None),
+                   num_return_sequences=(num_return_sequences, 1),
                    return_scores=(return_scores, False))
     if isinstance(inputs, dict):
-        check_text_generation(prompt_padding_mask=(prompt_padding_mask, None), **refused)
+        check_text_generation(**refused)
         return generate_packed(
             model, inputs, max_new_tokens, max_length, strip_prompt,
             pad_token_id=pad_token_id, **kwargs,
         )
-    check_text_generation(prompt_padding_mask=(prompt_padding_mask, None),
-                          pad_token_id=(pad_token_id, 0), **refused)
+    check_text_generation(pad_token_id=(pad_token_id, 0), **refused)
     return generate_text(model, inputs, max_new_tokens, max_length, strip_prompt, **kwargs)
 
 
@@ -71,7 +71,7 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, strip_pr
             f"({model.max_sequence_length} tokens). Received: {texts[row][:60]!r}..."
         )
     if kwargs.get("stop_token_ids") is None:
-        kwargs["stop_token_ids"] = [tokenizer.end_token_id]
+        kwargs["stop_token_ids"] = model.stop_token_arguments("auto")
     kwargs["pad_token_id"] = tokenizer.pad_token_id
     output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
     real = real_tokens(output, lengths, limits, kwargs["stop_token_ids"], strip_prompt)
@@ -376,21 +376,6 @@ class GeneratingTextModel(TextModel):
             import_keras_hub("Loading a model compiled with a KerasHub sampler")
         super().compile_from_config(config)
 
-    def stop_token_arguments(self, stop_token_ids):
-        """`stop_token_ids` as given, but KerasHub's `"auto"`: the
-        preprocessor's tokenizer's end token(s)."""
-        if not (isinstance(stop_token_ids, str) and stop_token_ids == "auto"):
-            return stop_token_ids
-        if self.preprocessor is None:
-            raise ValueError(
-                'stop_token_ids="auto" takes the end token of the preprocessor\'s tokenizer, '
-                "and this model has no preprocessor: pass the ids, or None to generate every "
-                "token. Received: stop_token_ids='auto'"
-            )
-        tokenizer = self.preprocessor.tokenizer
-        ends = [getattr(tokenizer, name, None) for name in ("end_token_id", "end_token2_id")]
-        return [end for end in ends if end is not None]
-
     def sampling_arguments(self, sampling, temperature, top_k, top_p, seed, num_beams):
         """`generate`'s `(sampling, temperature, top_k, top_p, seed,
         num_beams)`: each as given, else (None; `"auto"` for `sampling`) the
@@ -411,6 +396,21 @@ class CausalTextModel(GeneratingTextModel):
     `score`."""
 
     keras_hub_task = "CausalLM"
+
+    def stop_token_arguments(self, stop_token_ids):
+        """`stop_token_ids` as given, but KerasHub's `"auto"`: the
+        preprocessor's tokenizer's end token(s)."""
+        if not (isinstance(stop_token_ids, str) and stop_token_ids == "auto"):
+            return stop_token_ids
+        if self.preprocessor is None:
+            raise ValueError(
+                'stop_token_ids="auto" takes the end token of the preprocessor\'s tokenizer, '
+                "and this model has no preprocessor: pass the ids, or None to generate every "
+                "token. Received: stop_token_ids='auto'"
+            )
+        tokenizer = self.preprocessor.tokenizer
+        ends = [getattr(tokenizer, name, None) for name in ("end_token_id", "end_token2_id")]
+        return [end for end in ends if end is not None]
 
     def score(
         self, token_ids: Any, padding_mask: Any = None, scoring_mode: str = "logits",
