@@ -56,10 +56,11 @@ class Preferences:
         causal_tiles: whether chunked causal attention runs in square tiles
             below the diagonal, one loop each way (`kernels.chunked._Tiles`),
             instead of query chunks in bands.
-        direct_calls: whether a decoding loop calls its layers through
-            their own `call` where Keras's per-call wrapper would add nothing
-            (`layers/_direct_calls.py`): on a backend that runs the loop
-            eagerly, where the wrapper costs more than a step's small layers.
+        direct_calls: whether the layers' calls inside a decoding loop and
+            inside a stack's or block's call go to their own `call` where
+            Keras's per-call wrapper would add nothing
+            (`layers/_direct_calls.py`): on a backend that runs a model
+            eagerly, where the wrapper costs about as much as small layers.
     """
 
     blocked: str = "never"

@@ -6,9 +6,10 @@ import keras
 from keras import ops
 
 from keras_attention import _validation
+from keras_attention.layers._direct_calls import DirectCalls
 
 
-class Scorer(keras.layers.Layer):
+class Scorer(DirectCalls, keras.layers.Layer):
     """Base class of scoring functions `s(q, k)`.
 
     A scorer is a small Keras layer `scorer(query, key) -> scores` with query

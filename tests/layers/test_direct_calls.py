@@ -4,19 +4,26 @@ Keras's per-call wrapper, with the wrapper's outputs; anywhere the wrapper
 would do something (an unbuilt layer, a mixed policy, a symbolic or numpy
 input, outside `inference()`), the wrapper runs. Every sublayer a decoding
 step calls is such a layer, in both block configurations (GPT-2's and
-LLaMA's), so that no configuration decodes through the wrapper.
+LLaMA's), so that no configuration decodes through the wrapper. Where the
+backend prefers direct calls (torch; forced here on every backend), the
+sublayers of a stack or block called with `training=True` or `False` run
+directly too, with the wrapper's outputs, dropout draws and training steps.
 """
+
+import dataclasses
 
 import keras
 import numpy as np
 import pytest
 
 import harness
+from keras_attention import backend
 from keras_attention.layers import FeedForward
 from keras_attention.layers import LayerNormalization
 from keras_attention.layers import RMSNormalization
 from keras_attention.layers import RotaryEmbedding
 from keras_attention.layers import TransformerDecoderBlock
+from keras_attention.layers import TransformerDecoderStack
 from keras_attention.layers import _direct_calls
 
 B, T, D = 2, 5, 8
@@ -143,3 +150,112 @@ def test_a_model_decoding_step_runs_without_the_wrapper_inside_inference(config,
         got = harness.to_numpy(step())
     assert wrapped == []
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.fixture
+def prefer(monkeypatch):
+    """`prefer(flag)`: the backend's preferences with `direct_calls=flag`."""
+    preferences = backend.preferences()
+
+    def set_flag(flag):
+        replaced = dataclasses.replace(preferences, direct_calls=flag)
+        monkeypatch.setattr(backend, "preferences", lambda: replaced)
+
+    return set_flag
+
+
+def _stack():
+    return TransformerDecoderStack(
+        2, 16, 2, dropout=0.3, seed=7, normalization="rms_norm",
+        use_rotary_embedding=True, gated_feedforward=True,
+    )
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_stack_called_with_a_flag_runs_its_sublayers_directly(training, prefer, wrapped):
+    """Training and inference calls of a built stack: only the stack goes
+    through the wrapper where direct calls are preferred, every block and
+    sublayer beneath it runs its own `call`, and the outputs (dropout's
+    draws included) are the wrapper's."""
+    x = _x()
+    outputs = {}
+    for flag in (False, True):
+        prefer(flag)
+        keras.utils.set_random_seed(2)
+        stack = _stack()
+        stack(x)  # builds
+        del wrapped[:]
+        outputs[flag] = [harness.to_numpy(stack(x, training=training)) for _ in range(2)]
+        if flag:
+            assert wrapped == ["TransformerDecoderStack"] * 2
+        else:
+            assert {"TransformerDecoderBlock", "MultiHeadAttention", "Dropout"} <= set(wrapped)
+    for got, expected in zip(outputs[True], outputs[False]):
+        np.testing.assert_array_equal(got, expected)
+    if training:  # the draws differ between calls, as they do through the wrapper
+        assert not np.array_equal(outputs[True][0], outputs[True][1])
+
+
+def test_without_a_flag_the_wrapper_resolves_it(prefer, wrapped):
+    """A stack called with no `training` leaves the flag to Keras (an outer
+    layer's, else the default): its sublayers go through the wrapper."""
+    prefer(True)
+    stack = _stack()
+    stack(_x())
+    del wrapped[:]
+    stack(_x())
+    assert {"TransformerDecoderBlock", "MultiHeadAttention", "FeedForward"} <= set(wrapped)
+
+
+def test_a_sublayer_given_another_flag_takes_the_wrapper(prefer, wrapped):
+    """Inside a training call, a layer called with `training=None` or
+    `False` goes through the wrapper (which resolves the flag), one called
+    with `True` does not; the layers beneath a wrapped call run directly
+    where the flag passed down is the one in force (True), else through the
+    wrapper. The outputs (dropout's draws included) are the wrapper's."""
+    outputs = {}
+    for flag in (False, True):
+        prefer(flag)
+        keras.utils.set_random_seed(4)
+        outer = _stack()
+        outer(_x())
+        inner = FeedForward(16, dropout=0.5, seed=1)
+        inner(_x(), training=True)  # builds its dropout layer too
+
+        class Probe(type(outer)):
+            def call(self, inputs, training=None):
+                return [inner(inputs, training=flag) for flag in (None, False, True)]
+
+        probe = Probe.from_config(outer.get_config())
+        probe.build(_x().shape)
+        del wrapped[:]
+        outputs[flag] = harness.to_numpy(probe(_x(), training=True))
+    assert wrapped == ["Probe", "FeedForward", "Dropout", "FeedForward", "Dropout"]
+    for got, expected in zip(outputs[True], outputs[False]):
+        np.testing.assert_array_equal(got, expected)
+    assert not np.array_equal(outputs[True][2], outputs[True][1])  # True drops, False does not
+
+
+def test_training_steps_with_direct_calls_are_the_wrappers(prefer):
+    """A GPT with dropout trained two steps, then evaluated: the losses and
+    the weights with direct calls equal those through the wrapper."""
+    from keras_attention.models import GPT
+
+    ids = np.random.default_rng(5).integers(1, 20, (4, 9)).astype("int32")
+    results = {}
+    for flag in (False, True):
+        prefer(flag)
+        keras.utils.set_random_seed(3)
+        model = GPT(20, num_layers=2, num_heads=2, hidden_dim=D, intermediate_dim=16,
+                    dropout=0.2, max_sequence_length=16, seed=11)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.5),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        losses = [float(model.train_on_batch(ids[:, :-1], ids[:, 1:])) for _ in range(2)]
+        losses.append(float(model.test_on_batch(ids[:, :-1], ids[:, 1:])))
+        results[flag] = losses, [np.array(w) for w in model.get_weights()]
+    np.testing.assert_array_equal(results[True][0], results[False][0])
+    assert results[True][0][0] != results[True][0][1]  # the step changed the model
+    for got, expected in zip(results[True][1], results[False][1]):
+        np.testing.assert_array_equal(got, expected)
