@@ -156,15 +156,32 @@ def check_start_and_end(generator, start_token_id, end_token_id, pad_token_id):
     end id, checked; the end id may not be the pad id, which the decoder
     reads as padding and never generates."""
     start_ids = [generator.check_token("start_token_id", i) for i in np.ravel(start_token_id)]
-    if end_token_id is not None:
-        end_token_id = generator.check_token("end_token_id", end_token_id)
-        if end_token_id == pad_token_id:
+    return start_ids, check_end(generator, end_token_id, pad_token_id)
+
+
+def require_with_ids(**arguments):
+    """Raises for the arguments of a translation's `generate` that sources
+    given as ids need (KerasHub's input dictionary holds the prompts)."""
+    for name, value in arguments.items():
+        if value is None:
             raise ValueError(
-                "`end_token_id` must differ from the model's `pad_token_id`, "
-                "which the decoder reads as padding and never generates. "
-                f"Received: end_token_id={end_token_id}, pad_token_id={pad_token_id}"
+                f"`{name}` is required with sources given as ids (KerasHub's input "
+                f"dictionary holds the decoder prompts). Received: {name}=None"
             )
-    return start_ids, end_token_id
+
+
+def check_end(generator, end_token_id, pad_token_id):
+    """A translation's end id (or None), checked: not the pad id."""
+    if end_token_id is None:
+        return None
+    end_token_id = generator.check_token("end_token_id", end_token_id)
+    if end_token_id == pad_token_id:
+        raise ValueError(
+            "`end_token_id` must differ from the model's `pad_token_id`, "
+            "which the decoder reads as padding and never generates. "
+            f"Received: end_token_id={end_token_id}, pad_token_id={pad_token_id}"
+        )
+    return end_token_id
 
 
 def strip_prompts(result, prompt, prompt_padding_mask, max_new_tokens):

@@ -11,6 +11,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_attention.models import _continuation
 from keras_attention.models import _text
 from keras_attention.models._text import TextModel
 from keras_attention.models._text import import_keras_hub
@@ -73,8 +74,13 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, strip_pr
     if kwargs.get("stop_token_ids") is None:
         kwargs["stop_token_ids"] = model.stop_token_arguments("auto")
     kwargs["pad_token_id"] = tokenizer.pad_token_id
-    output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
-    real = real_tokens(output, lengths, limits, kwargs["stop_token_ids"], strip_prompt)
+    output, limits = _continuation.continue_rows(
+        _continuation.all_rows(model.generate), ("max_sequence_length", model.max_sequence_length),
+        ids, mask, max_new_tokens, max_length, **kwargs,
+    )
+    real = _continuation.real_tokens(
+        output, lengths, limits, kwargs["stop_token_ids"], strip_prompt
+    )
     strings = to_strings(
         preprocessor.generate_postprocess({"token_ids": output, "padding_mask": real})
     )
@@ -84,76 +90,15 @@ def generate_text(model, prompts, max_new_tokens=None, max_length=None, strip_pr
 def generate_packed(model, inputs, max_new_tokens=None, max_length=None, strip_prompt=False,
                     **kwargs):
     """`GPT.generate` on KerasHub's input dictionary `{"token_ids",
-    "padding_mask"}` (prompts packed to a width `W`, right padding), as
-    KerasHub's `generate` without a preprocessor: by default each row is
-    continued to the width `W` (`max_length` to another width;
-    `max_new_tokens` for as many tokens after each prompt), and the result is
-    the dictionary again, its mask `True` up to each row's first stop token
-    (included). With `strip_prompt`, as KerasHub's: each row shifted left
-    by its prompt's length, the mask `True` on the new tokens only."""
+    "padding_mask"}`, as KerasHub's `generate` without a preprocessor
+    (`continue_packed`)."""
     ids, extra = _text.unpack_token_inputs(inputs, {}, "GPT.generate")
-    ids = to_numpy(ids)
-    mask = extra.get("padding_mask")
-    mask = np.ones(ids.shape, bool) if mask is None else to_numpy(mask).astype(bool)
-    if max_new_tokens is None and max_length is None:
-        max_length = ids.shape[-1]
-    output, limits = continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs)
-    lengths = mask.sum(axis=-1)
-    stop = kwargs.get("stop_token_ids") or []
-    real = real_tokens(output, lengths, limits, stop, strip_prompt)
-    if strip_prompt:
-        width = output.shape[1]
-        shifted = (lengths[:, None] + np.arange(width)) % width  # (B, L)
-        output = np.take_along_axis(output, shifted, axis=1)
-        real = np.take_along_axis(real, shifted, axis=1)
+    output, real = _continuation.continue_packed(
+        _continuation.all_rows(model.generate), ("max_sequence_length", model.max_sequence_length),
+        to_numpy(ids), extra.get("padding_mask"), max_new_tokens, max_length, strip_prompt,
+        **kwargs,
+    )
     return {"token_ids": output, "padding_mask": real}
-
-
-def continue_rows(model, ids, mask, max_new_tokens, max_length, **kwargs):
-    """`(output (B, L), limits (B,))`: each row of `ids` `(B, W)` continued
-    after its prompt (its `mask`'s `True` prefix) by `max_new_tokens`, or to
-    `max_length` tokens (KerasHub's meaning: a shorter prompt gets more new
-    tokens), through `model.generate` with `kwargs`; a row's tokens stand
-    before its limit."""
-    lengths = mask.sum(axis=1)  # (B,)
-    prompt_length, shortest = int(lengths.max()), int(lengths.min())
-    new = new_token_count(max_new_tokens, max_length, prompt_length)
-    if max_length is not None and max_length > model.max_sequence_length:
-        raise ValueError(
-            f"`max_length` must be at most the model's max_sequence_length "
-            f"({model.max_sequence_length}). Received: max_length={max_length}"
-        )
-    if max_length is not None:
-        # Every row continues to `max_length` tokens, a shorter prompt with
-        # more new ones. Each row gets the new tokens of the shortest, and is
-        # cut at `max_length`; rows decode independently, so the cut rows
-        # are what a row alone would give.
-        new = max_length - shortest
-        if prompt_length + new > model.max_sequence_length:
-            # Too long for one call: one call per prompt length.
-            output = np.full((len(ids), max_length), kwargs.get("pad_token_id", 0), "int32")
-            for length in np.unique(lengths):
-                rows = np.flatnonzero(lengths == length)
-                output[rows] = model.generate(ids[rows, :length], max_length - int(length), **kwargs)
-            return output, np.full_like(lengths, max_length)
-    ids, mask = ids[:, :prompt_length], mask[:, :prompt_length]  # (B, P)
-    output = model.generate(
-        ids, new, prompt_padding_mask=None if mask.all() else mask, **kwargs
-    )  # (B, P + new)
-    if max_length is None:
-        return output, lengths + new
-    return output[:, :max_length], np.full_like(lengths, max_length)
-
-
-def real_tokens(output, lengths, limits, stop_token_ids, new_only=False):
-    """bool `(B, L)`: each row's prompt (`lengths`; not with `new_only`),
-    then its new tokens before `limits` up to its first stop token, included."""
-    positions = np.arange(output.shape[1])[None, :]  # (1, L)
-    generated = positions >= lengths[:, None]  # (B, L)
-    stops = np.isin(output, np.asarray(stop_token_ids, "int32")) & generated
-    first_stop = np.where(stops.any(axis=1), stops.argmax(axis=1), output.shape[1])
-    real = (positions < limits[:, None]) & (positions <= first_stop[:, None])
-    return real & generated if new_only else real
 
 
 def check_text_generation(**arguments):

@@ -6,12 +6,21 @@ heads, `K` head size, `V` target vocabulary size.
 `TranslationDecoding` is a mixin of `Seq2SeqTransformer`: the encoder runs
 once per call and each decoder block's cross-attention keys and values are
 computed once (the cross caches, with the source mask, ride in the caches
-the step carries); the step runs the model's own layers.
+the step carries); the step runs the model's own layers. `generate` on
+KerasHub's input dictionary continues each decoder prompt as
+`BartSeq2SeqLM.generate` does without a preprocessor.
 """
 
+from keras_attention import _validation
 from keras_attention import kv_cache
+from keras_attention import masking
+from keras_attention.models import _continuation
+from keras_attention.models import _generation_args
 from keras_attention.models import beam_search
 from keras_attention.models import generation
+
+PACKED_KEYS = ("encoder_token_ids", "encoder_padding_mask", "decoder_token_ids",
+               "decoder_padding_mask")
 
 
 class TranslationDecoding:
@@ -74,3 +83,46 @@ class TranslationDecoding:
             # The decoder reads the pad id as padding: never generated.
             pad_is_padding=True,
         )
+
+    def _generate_packed(self, inputs, max_new_tokens, end_token_id, strip_prompt, **options):
+        """`generate` on KerasHub's input dictionary (`PACKED_KEYS`, the
+        masks optional): each row's decoder prompt (its mask's `True`
+        prefix) continued to the width `W` of `decoder_token_ids` (or by
+        `max_new_tokens`), as `BartSeq2SeqLM.generate` without a
+        preprocessor (`_continuation.continue_packed`). Returns KerasHub's
+        dictionary of the decoder's ids and its mask, `True` up to each
+        row's end token (included)."""
+        if not {"encoder_token_ids", "decoder_token_ids"} <= set(inputs) <= set(PACKED_KEYS):
+            raise ValueError(
+                "A dictionary input of Seq2SeqTransformer.generate holds 'encoder_token_ids', "
+                "'decoder_token_ids' and optionally 'encoder_padding_mask', "
+                f"'decoder_padding_mask'. Received: keys {sorted(inputs)}"
+            )
+        source, source_mask = _generation_args.check_source(
+            self, inputs["encoder_token_ids"], inputs.get("encoder_padding_mask")
+        )
+        ids = _generation_args.token_batch(
+            "decoder_token_ids", inputs["decoder_token_ids"], self.target_vocabulary_size,
+            self.max_target_length, "max_target_length",
+        )
+        _validation.check_same_dim(
+            "decoder_token_ids", ids.shape[0], "encoder_token_ids", source.shape[0], "batch size"
+        )
+        mask = inputs.get("decoder_padding_mask")
+        if mask is not None:
+            mask = masking.standardize_numpy_mask(mask, "decoder_padding_mask", ids.shape)
+        generator = self._get_generator()
+        end_token_id = _generation_args.check_end(generator, end_token_id, self.pad_token_id)
+        source = source.astype("int32", copy=False)
+
+        def generate(rows, prompt, new, **kwargs):
+            context = (source[rows], source_mask[rows])
+            return generator.run(prompt, new, pad_token_id=self.pad_token_id, context=context,
+                                 **kwargs)
+
+        output, real = _continuation.continue_packed(
+            generate, ("max_target_length", self.max_target_length), ids.astype("int32"), mask,
+            max_new_tokens, None, strip_prompt,
+            stop_token_ids=None if end_token_id is None else [end_token_id], **options,
+        )
+        return {"decoder_token_ids": output, "decoder_padding_mask": real}

@@ -361,9 +361,9 @@ class Seq2SeqTransformer(
 
     def generate(
         self,
-        encoder_token_ids: Tensor,
-        max_new_tokens: int,
-        start_token_id: int | list[int],
+        encoder_token_ids: Tensor | dict,
+        max_new_tokens: int | None = None,
+        start_token_id: int | list[int] | None = None,
         end_token_id: int | None = None,
         sampling: str = "auto",
         num_beams: int | None = None,
@@ -375,6 +375,7 @@ class Seq2SeqTransformer(
         seed: int | None = None,
         encoder_padding_mask: Tensor | None = None,
         return_scores: bool = False,
+        strip_prompt: bool = False,
     ):
         """Translates: target tokens for each source, with the KV caches.
 
@@ -386,11 +387,21 @@ class Seq2SeqTransformer(
         pass scores a returned sequence as `return_scores` says.
 
         Args:
-            encoder_token_ids: int `(B, S)` sources, `S <= max_source_length`.
-            max_new_tokens: positive int; `1 + max_new_tokens` must not exceed
-                `max_target_length`.
+            encoder_token_ids: int `(B, S)` sources, `S <= max_source_length`;
+                or KerasHub's input dictionary (`"encoder_token_ids"`,
+                `"decoder_token_ids"`, optionally `"encoder_padding_mask"`,
+                `"decoder_padding_mask"`), each row's decoder prompt
+                continued as `BartSeq2SeqLM.generate` without a
+                preprocessor does: to the width of `decoder_token_ids`
+                unless `max_new_tokens` is given; `{"decoder_token_ids",
+                "decoder_padding_mask"}` back, the mask `True` through each
+                row's end token.
+            max_new_tokens: positive int; `len(start_token_id) +
+                max_new_tokens` must not exceed `max_target_length`.
+                Required with ids.
             start_token_id: the id the decoder starts from, or a list of ids
-                (a decoder prompt, such as BART's `[</s>, <s>]`).
+                (a decoder prompt, such as BART's `[</s>, <s>]`). Required
+                with ids; a dictionary holds the decoder prompts.
             end_token_id: optional id that ends a hypothesis (`None`: every
                 hypothesis runs `max_new_tokens`); not `pad_token_id`.
             sampling: `"greedy"`, `"beam"`, `"random"`, `"top_k"` or
@@ -411,6 +422,8 @@ class Seq2SeqTransformer(
             encoder_padding_mask: optional bool `(B, S)`; by default the
                 source positions that are not `pad_token_id`.
             return_scores: bool, also return the scores.
+            strip_prompt: bool, KerasHub's: the new tokens only (ids `(B,
+                max_new_tokens)`; a dictionary's decoder rows shifted left).
 
         Returns:
             int32 numpy `(B, 1 + max_new_tokens)` (`(B, num_return_sequences,
@@ -422,33 +435,44 @@ class Seq2SeqTransformer(
         sampling, temperature, top_k, top_p, seed, num_beams = self.sampling_arguments(
             sampling, temperature, top_k, top_p, seed, num_beams
         )
+        options = dict(sampling=sampling, num_beams=num_beams, length_penalty=length_penalty,
+                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if not self.built:
+            self.build()
+        if isinstance(encoder_token_ids, dict):
+            _text_tasks.check_text_generation(
+                start_token_id=(start_token_id, None), return_scores=(return_scores, False),
+                encoder_padding_mask=(encoder_padding_mask, None),
+                num_return_sequences=(num_return_sequences, 1),
+            )
+            return self._generate_packed(
+                encoder_token_ids, max_new_tokens, end_token_id, strip_prompt, **options
+            )
         source, mask = _generation_args.check_source(
             self, encoder_token_ids, encoder_padding_mask
         )
+        _generation_args.require_with_ids(
+            max_new_tokens=max_new_tokens, start_token_id=start_token_id
+        )
         max_new_tokens = _validation.check_integer("max_new_tokens", max_new_tokens, 1)
-        if not self.built:
-            self.build()
         generator = self._get_generator()
         start_ids, end_token_id = _generation_args.check_start_and_end(
             generator, start_token_id, end_token_id, self.pad_token_id
         )
-        context = (source.astype("int32", copy=False), mask)
-        return generator.run(
-            np.tile(np.array(start_ids, "int32"), (source.shape[0], 1)),  # (B, len(start_ids))
+        prompt = np.tile(np.array(start_ids, "int32"), (source.shape[0], 1))  # (B, len(start))
+        result = generator.run(
+            prompt,
             max_new_tokens,
-            sampling=sampling,
-            num_beams=num_beams,
             num_return_sequences=num_return_sequences,
             return_scores=return_scores,
-            length_penalty=length_penalty,
             stop_token_ids=None if end_token_id is None else [end_token_id],
             pad_token_id=self.pad_token_id,
-            context=context,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
+            context=(source.astype("int32", copy=False), mask),
+            **options,
         )
+        if not strip_prompt:
+            return result
+        return _generation_args.strip_prompts(result, prompt, None, max_new_tokens)
 
     @classmethod
     def from_keras_hub(cls, backbone: Any, **kwargs: Any) -> "Seq2SeqTransformer":

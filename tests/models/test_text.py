@@ -265,6 +265,101 @@ def test_seq2seq_from_preset_translates_text_as_keras_hub_does(bart_preset):
         model.translate(sources, sampling="beam", num_return_sequences=2)
 
 
+def _bart_packed(task):
+    """KerasHub's packed inputs of three sources with decoder prompts of
+    three lengths (BART's `[</s>, <s>]` and 0, 1, 3 tokens more)."""
+    packed = task.preprocessor.generate_preprocess(
+        {"encoder_text": ["a b", "c c a", "b"], "decoder_text": ["a", "", "b c a"]},
+        sequence_length=8,
+    )
+    return {k: keras.ops.convert_to_numpy(v) for k, v in packed.items()}
+
+
+@pytest.mark.parametrize("stopping", [False, True], ids=["no_stop", "end_token"])
+def test_seq2seq_generates_from_the_input_dictionary_as_keras_hub_does(bart_preset, stopping):
+    """`BartSeq2SeqLM.generate` on packed inputs (no preprocessor): each
+    decoder prompt continued to the packed width, the decoder's ids and
+    mask back, the mask `True` through the end token; the tokens agree
+    wherever the mask is `True`."""
+    folder, preset_task = bart_preset
+    task = keras_hub.models.BartSeq2SeqLM.from_preset(str(folder))
+    task.compile(sampler="greedy")
+    # Matrices of scale 1: tokens that vary and hang on no rounding, none
+    # of them the pad id, which KerasHub may generate and ours never does.
+    rng = np.random.default_rng(4)
+    for variable in task.weights:
+        if len(variable.shape) >= 2:
+            variable.assign(rng.normal(size=variable.shape).astype("float32"))
+    model = Seq2SeqTransformer.from_keras_hub(task)
+    packed = _bart_packed(preset_task)
+    task.preprocessor = None
+    prompts = packed["decoder_padding_mask"].sum(axis=1)
+    end = None
+    if stopping:  # the first token row 0 generates, so that it stops there
+        end = int(model.generate(packed)["decoder_token_ids"][0, prompts[0]])
+    expected = task.generate(packed, stop_token_ids=None if end is None else [end])
+    expected = {k: keras.ops.convert_to_numpy(v) for k, v in expected.items()}
+    real_new = ~packed["decoder_padding_mask"] & expected["decoder_padding_mask"]
+    new = expected["decoder_token_ids"][real_new]
+    assert model.pad_token_id not in new and (stopping or len(set(new.tolist())) > 2)
+    got = model.generate(packed, end_token_id=end)
+    assert set(got) == set(expected) == {"decoder_token_ids", "decoder_padding_mask"}
+    np.testing.assert_array_equal(got["decoder_padding_mask"], expected["decoder_padding_mask"])
+    real = expected["decoder_padding_mask"]
+    np.testing.assert_array_equal(
+        got["decoder_token_ids"][real], expected["decoder_token_ids"][real]
+    )
+    assert real.all() != stopping  # some row stopped early
+    # `max_new_tokens` instead: each row's new tokens after its own prompt,
+    # as that source and prompt alone give them, the mask on its own tokens.
+    short = model.generate(packed, max_new_tokens=2, end_token_id=end)
+    for row, length in enumerate(prompts):
+        source = packed["encoder_token_ids"][row : row + 1]
+        start = packed["decoder_token_ids"][row, :length].tolist()
+        alone = model.generate(source, 2, start, end_token_id=end)[0]
+        np.testing.assert_array_equal(short["decoder_token_ids"][row, : length + 2], alone)
+        assert not short["decoder_padding_mask"][row, length + 2 :].any()
+    # `strip_prompt`: each row shifted left by its prompt, the mask on the
+    # new tokens only; for ids, the new tokens only.
+    stripped = model.generate(packed, end_token_id=end, strip_prompt=True)
+    for row, length in enumerate(prompts):
+        new = got["decoder_token_ids"][row, length:]
+        np.testing.assert_array_equal(stripped["decoder_token_ids"][row, : len(new)], new)
+        np.testing.assert_array_equal(
+            stripped["decoder_padding_mask"][row, : len(new)],
+            got["decoder_padding_mask"][row, length:],
+        )
+        assert not stripped["decoder_padding_mask"][row, len(new) :].any()
+    ids = model.generate(packed["encoder_token_ids"], 3, [2, 0])
+    np.testing.assert_array_equal(
+        model.generate(packed["encoder_token_ids"], 3, [2, 0], strip_prompt=True), ids[:, 2:]
+    )
+
+
+def test_seq2seq_generate_says_what_ids_and_the_dictionary_take(bart_preset):
+    folder, task = bart_preset
+    model = Seq2SeqTransformer.from_keras_hub(task)
+    packed = _bart_packed(task)
+    sources = packed["encoder_token_ids"]
+    for kwargs, message in [
+        (dict(start_token_id=2), r"`start_token_id` is for prompts given as an id"),
+        (dict(return_scores=True), r"`return_scores` is for prompts given as an id"),
+        (dict(encoder_padding_mask=packed["encoder_padding_mask"]),
+         r"`encoder_padding_mask` is for prompts given as an id"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model.generate(packed, **kwargs)
+    with pytest.raises(ValueError, match=r"holds 'encoder_token_ids', 'decoder_token_ids'.*"
+                                         r"Received: keys \['decoder_token_ids', 'token_ids'\]"):
+        model.generate({"token_ids": sources, "decoder_token_ids": sources[:, :2]})
+    with pytest.raises(ValueError, match=r"`decoder_token_ids`.*max_target_length"):
+        model.generate({"encoder_token_ids": sources, "decoder_token_ids": np.ones((3, 40), int)})
+    with pytest.raises(ValueError, match=r"`max_new_tokens` is required with sources given as ids"):
+        model.generate(sources, start_token_id=2)
+    with pytest.raises(ValueError, match=r"`start_token_id` is required.*start_token_id=None"):
+        model.generate(sources, 3)
+
+
 def _randomize(model, seed=0):
     """Every weight of `model` drawn from N(0, 1): logits far enough apart
     that no choice between tokens or hypotheses hangs on float rounding."""

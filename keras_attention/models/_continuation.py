@@ -1,0 +1,95 @@
+"""Prompts continued as KerasHub's `generate` continues them: packed with a
+padding mask (right padding), each row after its own prompt, to a width or
+by a number of new tokens, with the mask of the real tokens back.
+
+Shape legend: `B` batch, `W` packed width, `P` longest prompt, `L` output
+length.
+"""
+
+import numpy as np
+
+from keras_attention.models._text import new_token_count
+from keras_attention.models._text import to_numpy
+
+
+def all_rows(generate):
+    """`continue_rows`'s `generate` from a model's `generate`, which takes
+    the prompts of the rows it is given alone."""
+    return lambda rows, *args, **kwargs: generate(*args, **kwargs)
+
+
+def continue_packed(generate, limit, ids, mask, max_new_tokens, max_length, strip_prompt,
+                    **kwargs):
+    """`(ids, mask)`: the prompts `ids` `(B, W)` packed with their `mask`
+    (right padding; None: none) continued as KerasHub's `generate` without a
+    preprocessor continues them (`continue_rows`'s `generate` and `limit`):
+    by default each row to the width `W` (`max_length` to another width;
+    `max_new_tokens` for as many tokens after each prompt), the mask `True`
+    up to each row's first stop token (included). With `strip_prompt`, as
+    KerasHub's: each row shifted left by its prompt's length, the mask
+    `True` on the new tokens only."""
+    mask = np.ones(ids.shape, bool) if mask is None else to_numpy(mask).astype(bool)
+    if max_new_tokens is None and max_length is None:
+        max_length = ids.shape[-1]
+    output, limits = continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwargs)
+    lengths = mask.sum(axis=-1)
+    stop = kwargs.get("stop_token_ids") or []
+    real = real_tokens(output, lengths, limits, stop, strip_prompt)
+    if strip_prompt:
+        width = output.shape[1]
+        shifted = (lengths[:, None] + np.arange(width)) % width  # (B, L)
+        output = np.take_along_axis(output, shifted, axis=1)
+        real = np.take_along_axis(real, shifted, axis=1)
+    return output, real
+
+
+def continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwargs):
+    """`(output (B, L), limits (B,))`: each row of `ids` `(B, W)` continued
+    after its prompt (its `mask`'s `True` prefix) by `max_new_tokens`, or to
+    `max_length` tokens (KerasHub's meaning: a shorter prompt gets more new
+    tokens), by `generate(rows, prompt, new, **kwargs)` (a model's
+    `generate` for the `rows` of `ids`) with `kwargs`; a row's tokens stand
+    before its limit. `limit`: `(name, value)`, the model's length limit."""
+    limit_name, limit = limit
+    lengths = mask.sum(axis=1)  # (B,)
+    prompt_length, shortest = int(lengths.max()), int(lengths.min())
+    new = new_token_count(max_new_tokens, max_length, prompt_length)
+    if max_length is not None and max_length > limit:
+        raise ValueError(
+            f"`max_length` must be at most the model's {limit_name} ({limit}). "
+            f"Received: max_length={max_length}"
+        )
+    if max_length is not None:
+        # Every row continues to `max_length` tokens, a shorter prompt with
+        # more new ones. Each row gets the new tokens of the shortest, and is
+        # cut at `max_length`; rows decode independently, so the cut rows
+        # are what a row alone would give.
+        new = max_length - shortest
+        if prompt_length + new > limit:
+            # Too long for one call: one call per prompt length.
+            output = np.full((len(ids), max_length), kwargs.get("pad_token_id", 0), "int32")
+            for length in np.unique(lengths):
+                rows = np.flatnonzero(lengths == length)
+                new = max_length - int(length)
+                output[rows] = generate(rows, ids[rows, :length], new, **kwargs)
+            return output, np.full_like(lengths, max_length)
+    ids, mask = ids[:, :prompt_length], mask[:, :prompt_length]  # (B, P)
+    output = generate(
+        slice(None), ids, new, prompt_padding_mask=None if mask.all() else mask, **kwargs
+    )  # (B, P + new)
+    if max_length is None:
+        return output, lengths + new
+    return output[:, :max_length], np.full_like(lengths, max_length)
+
+
+def real_tokens(output, lengths, limits, stop_token_ids, new_only=False):
+    """bool `(B, L)`: each row's prompt (`lengths`; not with `new_only`),
+    then its new tokens before `limits` up to its first stop token, included."""
+    positions = np.arange(output.shape[1])[None, :]  # (1, L)
+    generated = positions >= lengths[:, None]  # (B, L)
+    stops = np.isin(output, np.asarray(stop_token_ids, "int32")) & generated
+    first_stop = np.where(stops.any(axis=1), stops.argmax(axis=1), output.shape[1])
+    real = (positions < limits[:, None]) & (positions <= first_stop[:, None])
+    return real & generated if new_only else real
+
+
