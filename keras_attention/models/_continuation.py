@@ -8,6 +8,7 @@ length.
 
 import numpy as np
 
+from keras_attention.models import _generation_args
 from keras_attention.models._text import new_token_count
 from keras_attention.models._text import to_numpy
 
@@ -18,7 +19,7 @@ def all_rows(generate):
     return lambda rows, *args, **kwargs: generate(*args, **kwargs)
 
 
-def continue_packed(generate, limit, ids, mask, max_new_tokens, max_length, strip_prompt,
+def continue_packed(generate, limit, names, ids, mask, max_new_tokens, max_length, strip_prompt,
                     **kwargs):
     """`(ids, mask)`: the prompts `ids` `(B, W)` packed with their `mask`
     (right padding; None: none) continued as KerasHub's `generate` without a
@@ -27,9 +28,13 @@ def continue_packed(generate, limit, ids, mask, max_new_tokens, max_length, stri
     `max_new_tokens` for as many tokens after each prompt), the mask `True`
     up to each row's first stop token (included). With `strip_prompt`, as
     KerasHub's: each row shifted left by its prompt's length, the mask
-    `True` on the new tokens only."""
+    `True` on the new tokens only. `names`: the keys of the ids and the
+    mask, for errors."""
     mask = np.ones(ids.shape, bool) if mask is None else to_numpy(mask).astype(bool)
+    _generation_args.prompt_lengths(ids, mask, names)
     if max_new_tokens is None and max_length is None:
+        if mask.all():  # no position left to fill: the prompts back, as KerasHub's loop
+            return ids, np.full(ids.shape, not strip_prompt)
         max_length = ids.shape[-1]
     output, limits = continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwargs)
     lengths = mask.sum(axis=-1)

@@ -78,20 +78,25 @@ def check_sampling(sampling, temperature, top_k, top_p):
     return top_k
 
 
-def prompt_lengths(prompt, prompt_padding_mask):
-    """Each row's prompt length `(B,)`, the mask's True prefix."""
+def prompt_lengths(prompt, prompt_padding_mask, names=("prompt_ids", "prompt_padding_mask")):
+    """Each row's prompt length `(B,)`, the mask's True prefix; `names`: the
+    arguments the prompt and the mask came as."""
     batch, prompt_length = prompt.shape
     mask = _validation.to_numpy(prompt_padding_mask).astype(bool)
     lengths = mask.sum(axis=1)
-    if (
-        mask.shape != prompt.shape
-        or not np.array_equal(mask, np.arange(prompt_length)[None] < lengths[:, None])
-        or lengths.min() == 0
-    ):
+    prefix = mask.shape == prompt.shape and np.array_equal(
+        mask, np.arange(prompt_length)[None] < lengths[:, None]
+    )
+    if not prefix or lengths.min() == 0:
+        wrong = f"a mask of shape {mask.shape}"
+        if mask.shape == prompt.shape:
+            row = int(np.argmax((mask != (np.arange(prompt_length) < lengths[:, None])).any(1)
+                                | (lengths == 0)))
+            wrong = f"row {row} of the mask: {mask[row].astype(int).tolist()}"
         raise ValueError(
-            "`prompt_padding_mask` must have the shape of `prompt_ids` "
+            f"`{names[1]}` must have the shape of `{names[0]}` "
             "and mark a non-empty prefix of each row (right padding). "
-            f"Received: a mask of shape {mask.shape}"
+            f"Received: {wrong}"
         )
     return lengths
 

@@ -95,7 +95,8 @@ def generate_packed(model, inputs, max_new_tokens=None, max_length=None, strip_p
     ids, extra = _text.unpack_token_inputs(inputs, {}, "GPT.generate")
     output, real = _continuation.continue_packed(
         _continuation.all_rows(model.generate), ("max_sequence_length", model.max_sequence_length),
-        to_numpy(ids), extra.get("padding_mask"), max_new_tokens, max_length, strip_prompt,
+        ("token_ids", "padding_mask"), to_numpy(ids), extra.get("padding_mask"), max_new_tokens,
+        max_length, strip_prompt,
         **kwargs,
     )
     return {"token_ids": output, "padding_mask": real}

@@ -121,7 +121,8 @@ class TranslationDecoding:
                                  **kwargs)
 
         output, real = _continuation.continue_packed(
-            generate, ("max_target_length", self.max_target_length), ids.astype("int32"), mask,
+            generate, ("max_target_length", self.max_target_length),
+            ("decoder_token_ids", "decoder_padding_mask"), ids.astype("int32"), mask,
             max_new_tokens, None, strip_prompt,
             stop_token_ids=None if end_token_id is None else [end_token_id], **options,
         )

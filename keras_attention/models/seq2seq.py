@@ -426,11 +426,12 @@ class Seq2SeqTransformer(
                 max_new_tokens)`; a dictionary's decoder rows shifted left).
 
         Returns:
-            int32 numpy `(B, 1 + max_new_tokens)` (`(B, num_return_sequences,
-            1 + max_new_tokens)` when `num_return_sequences > 1`), starting
-            with `start_token_id`, `pad_token_id` after the end token; with
+            int32 numpy `(B, P + max_new_tokens)`, `P` the start ids (`(B,
+            num_return_sequences, P + max_new_tokens)` when
+            `num_return_sequences > 1`; without the start ids with
+            `strip_prompt`), `pad_token_id` after the end token; with
             `return_scores`, also float32 scores `(B,)` (or `(B,
-            num_return_sequences)`).
+            num_return_sequences)`). A dictionary for a dictionary.
         """
         sampling, temperature, top_k, top_p, seed, num_beams = self.sampling_arguments(
             sampling, temperature, top_k, top_p, seed, num_beams

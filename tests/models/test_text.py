@@ -354,6 +354,18 @@ def test_seq2seq_generate_says_what_ids_and_the_dictionary_take(bart_preset):
         model.generate({"token_ids": sources, "decoder_token_ids": sources[:, :2]})
     with pytest.raises(ValueError, match=r"`decoder_token_ids`.*max_target_length"):
         model.generate({"encoder_token_ids": sources, "decoder_token_ids": np.ones((3, 40), int)})
+    for row in ([1, 0, 1, 0, 0, 0, 0, 0], [0] * 8):  # not a prefix; empty
+        bad = dict(packed, decoder_padding_mask=np.array([row] * 3, bool))
+        with pytest.raises(ValueError, match=r"`decoder_padding_mask` must have the shape of "
+                                             r"`decoder_token_ids` and mark a non-empty prefix"
+                                             rf".*row 0 of the mask: \[{row[0]}, 0, {row[2]}"):
+            model.generate(bad)
+    # Prompts that fill the width come back as they are (KerasHub's loop has
+    # no position to fill).
+    full = {"encoder_token_ids": sources, "decoder_token_ids": packed["decoder_token_ids"][:, :2]}
+    out = model.generate(full)
+    np.testing.assert_array_equal(out["decoder_token_ids"], full["decoder_token_ids"])
+    assert out["decoder_padding_mask"].all()
     with pytest.raises(ValueError, match=r"`max_new_tokens` is required with sources given as ids"):
         model.generate(sources, start_token_id=2)
     with pytest.raises(ValueError, match=r"`start_token_id` is required.*start_token_id=None"):
