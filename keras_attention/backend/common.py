@@ -116,8 +116,8 @@ def layer_norm(x, gamma, beta, epsilon):
     # into the inverse deviation and the mean into a shift, two tensors of
     # the input's shape; XLA's CPU code wrote both out (their consumers are
     # matmuls, which take no fused producer), forward and backward: the GPT
-    # example's training step took 5-8% longer with it on TensorFlow and JAX
-    # (benchmarks/README.md).
+    # example's training step took longer with it on TensorFlow and JAX
+    # (benchmarks/gpt_step_floor.py times that step).
     dtype = keras.backend.result_type(x.dtype, "float32")
     x = ops.cast(x, dtype)
     centered = x - ops.mean(x, axis=-1, keepdims=True)

@@ -2,11 +2,11 @@
 
 Measured on a 2-core CPU (benchmarks/README.md): the blocked kernel wins with
 the causal flag (blocks skip work) and without it (Keras's kernel, XLA's
-`dot_product_attention`, took 1.2 to 1.6 times as long for a forward and
-backward pass at 128 to 1,024 tokens), and more so dividing by the sum of
-exponentials after the product with the values (`normalize_last`: 1.1 to 1.25
-times as fast at 512 and 1,024 tokens in a compiled model's training step, the
-same at 128; on TensorFlow it was slower).
+`dot_product_attention`, took longer for a forward and backward pass at 128 to
+1,024 tokens; `mha_speed.py`), and more so dividing by the sum of
+exponentials after the product with the values (`normalize_last`: faster at
+512 and 1,024 tokens in a compiled model's training step, the same at 128; on
+TensorFlow it was slower).
 The NaN guard always runs its masked computation outside a cache: XLA fuses
 the zeroing into neighbouring operations, while a `cond` would stop fusion
 and keep both branches' residuals for the backward pass.
@@ -15,8 +15,8 @@ Projections run as one `linear` on rows `(B T, D)` (`linear`): on a
 `(B, T, D) x (D, N)` product XLA's CPU compiler gives the weight gradient a
 transposed copy of the activation and of the output gradient, and those
 copies cost more than the matmuls. Self-attention's Q, K and V as one
-product (`fuse_projections`) was 1 to 5% faster in a compiled model's
-`train_on_batch` on one device, but under `keras.distribution.ModelParallel`
+product (`fuse_projections`) was within the noise of three in a compiled
+model's `train_on_batch` on one device, but under `keras.distribution.ModelParallel`
 the concatenated sharded kernels added collectives (in the distribution
 test's programs: 82 collective permutes against 45, 64 all-to-alls against
 12), so it stays off.

@@ -1,35 +1,32 @@
 """TensorFlow: the blocked kernel for static shapes, chunks, XLA loops.
 
-Measured on a 2-core CPU (benchmarks/README.md): the blocked kernel runs
-1.2-1.8x as fast as Keras's TensorFlow kernel from 64 queries on; below
-32 queries, in a compiled model's training step, Keras's kernel was as fast
-or faster (1.00-1.20 times the blocked one at 16 and 20 queries, 0.93-1.06
-at 32), so short self-attention, such as a translation model's sentences,
-keeps it (a cache read keeps the blocked kernel, and so do float16 and
-bfloat16, which were not measured). Keras's kernel repeats
-key/value heads only for more than one key/value head, so multi-query
-attention repeats them itself. Self-attention's Q/K/V as one matmul
-(`fuse_projections`) was faster for the layer alone, but on the path users
-take, a compiled model's `train_on_batch`, the three projections ran
-1.07-1.13x as fast as the one matmul at 128, 512 and 1,024 tokens (interleaved,
-benchmarks/README.md), so it is off here too; in a decoding step of the
-compiled loop (`fuse_cached_projections`), whose kernels XLA concatenates once
-outside the loop, the one matmul made GPT's greedy decoding 1.3x as fast
-(the `cpu` preset's sizes, one thread, interleaved; benchmarks/gpt_speed.py
-times the same path). JAX's loop ran as fast either way, and torch's eager
-step concatenates at every step (1.3x slower). Projections run as one
-`linear` (`linear_projections`) instead of the `EinsumDense` and `Dense`
-calls: the translation model's training step ran 1.12-1.29x as fast that
-way (five interleaved runs), the GPT example's and `MultiHeadAttention`'s
-alone within the noise of either. A bias-free product of one row under XLA
-gets a zero bias (`linear`), so that XLA runs it as the one fused kernel it
-makes of a product and its bias add: a model without biases decodes as fast
-as one with them (benchmarks/gpt_speed.py --sections llama).
+Each choice was measured on the path users take, on a CPU
+(benchmarks/README.md names the scripts):
 
-Causal attention takes two query blocks, not eight: in a compiled model's
-training step at 512 and 1,024 tokens one or two blocks ran 1.2-1.35x as
-fast as eight (each block's slices, mask and padded key/value gradients cost
-more than the scores it skips), three or four in between.
+- The blocked kernel runs faster than Keras's TensorFlow kernel from 64
+  queries on; below 32 queries, in a compiled model's training step, Keras's
+  kernel was as fast or faster, so short self-attention, such as a
+  translation model's sentences, keeps it (a cache read keeps the blocked
+  kernel, and so do float16 and bfloat16, which were not measured). Keras's
+  kernel repeats key/value heads only for more than one key/value head, so
+  multi-query attention repeats them itself (`mha_speed.py`).
+- Self-attention's Q/K/V as one matmul (`fuse_projections`) was faster for
+  the layer alone but slower on the path users take, a compiled model's
+  `train_on_batch`, so it is off here too. In a decoding step of the
+  compiled loop (`fuse_cached_projections`), whose kernels XLA concatenates
+  once outside the loop, the one matmul decodes faster (`gpt_speed.py`);
+  JAX's loop ran as fast either way, and torch's eager step would
+  concatenate at every step.
+- Projections run as one `linear` (`linear_projections`) instead of the
+  `EinsumDense` and `Dense` calls: the translation model's training step
+  runs faster that way (`seq2seq_speed.py`), the GPT example's and
+  `MultiHeadAttention`'s alone as fast. A bias-free product of one row under
+  XLA gets a zero bias (`linear`), so that XLA runs it as the one fused
+  kernel it makes of a product and its bias add: a model without biases
+  decodes as fast as one with them (`gpt_speed.py --sections llama`).
+- Causal attention takes two query blocks, not eight: in a compiled model's
+  training step at 512 and 1,024 tokens each block's slices, mask and padded
+  key/value gradients cost more than the scores it skips (`mha_speed.py`).
 """
 
 import numpy as np
@@ -71,10 +68,9 @@ def linear(x, kernel, bias):
     # XLA's CPU compiler emits a one-row product followed by a bias add as
     # one fused kernel, and a bias-free one as a call to its library
     # product, which costs more in a decoding step: the bias-free LLaMA
-    # configuration took 1.3 to 1.5 times as long to decode as GPT-2's of
-    # equal FLOPs, and GPT-2's time with a zero bias (benchmarks/gpt_speed.py
-    # --sections llama). The zero is one XLA cannot fold away; it hoists it
-    # out of the loop.
+    # configuration decoded slower than GPT-2's of equal FLOPs, and as fast
+    # with a zero bias (benchmarks/gpt_speed.py --sections llama). The zero
+    # is one XLA cannot fold away; it hoists it out of the loop.
     if bias is None and _one_row(x) and _compiled_by_xla():
         bias = _zero(kernel[0])
     return common.linear(x, kernel, bias)

@@ -244,8 +244,8 @@ def compile_decoding(loop, variables):
 
     Inference mode also skips the view and version tracking that `no_grad`
     keeps: every operation of an eager step costs less, and GPT's and the
-    translation model's decoding took about 0.9 times as long as under
-    `no_grad` (benchmarks/gpt_speed.py, seq2seq_speed.py). The tensors made
+    translation model's decoding took less time than under `no_grad`
+    (benchmarks/gpt_speed.py, seq2seq_speed.py). The tensors made
     inside cannot enter autograd afterwards; the generation core hands
     numpy arrays back.
     """

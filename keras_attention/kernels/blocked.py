@@ -113,8 +113,8 @@ def blocked_attention(
         if allowed is not None:
             scores = ops.where(allowed, scores, float("-inf"))
         # The softmax over 4-D rows: over the 5-D scores XLA's CPU code took
-        # 1.8 times as long for the kernel's forward and backward pass
-        # (JAX, 1,024 tokens; benchmarks/README.md).
+        # far longer for the kernel's forward and backward pass (JAX, 1,024
+        # tokens; benchmarks/mha_speed.py).
         scores = ops.reshape(scores, (-1, groups, ratio * length, end))
         total = None  # the rows' sums, when they divide the output instead
         if end == 1:

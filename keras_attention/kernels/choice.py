@@ -20,15 +20,15 @@ matches decides. The timings behind the reasons are in benchmarks/README.md
                                                                  inside the fused guards
     4    value head size != key head size              explicit  Keras's fused kernels need both
                                                                  sizes equal
-    5    `chunk_long_queries`, scores over 512 MiB     chunked   8,192 tokens in < 300 MiB, exact
+    5    `chunk_long_queries`, scores over 512 MiB     chunked   exact, memory that grows with
+                                                                 the length, not its square
+                                                                 (`mha_memory.py`)
     6    `blocked="always"`, static lengths, at least  blocked   causal blocks skip work;
-         `blocked_min_queries` queries, a cache read             TensorFlow: 1.2-1.8x Keras's
-         or a dtype other than float32                           kernel (below 32 queries in
-                                                                 training Keras's kernel was
-                                                                 as fast); JAX: XLA's CPU
-                                                                 code for Keras's kernel took
-                                                                 1.2-1.6x as long, forward
-                                                                 and backward
+         `blocked_min_queries` queries, a cache read             faster than Keras's kernel
+         or a dtype other than float32                           on a CPU, forward and
+                                                                 backward (`mha_speed.py`;
+                                                                 below 32 queries in training
+                                                                 Keras's kernel was as fast)
     7    otherwise                                     fused     the backend's kernel (torch:
                                                                  flash / memory-efficient SDPA)
 

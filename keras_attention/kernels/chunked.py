@@ -26,10 +26,9 @@ CHUNK_BYTES = 16 * 2**20
 MAX_BANDS = 16
 # With the causal flag, where the backend prefers it (`causal_tiles`), the
 # scores go in square tiles of at most `TILE_BYTES` (`tiles.Tiles`) instead:
-# 256 x 256 for one sequence of 8 heads. Measured at 8,192 tokens
-# (benchmarks/README.md), 512 x 512 tiles took TensorFlow's training step
-# 1.25 times the plain path's time against 1.15, and JAX's forward pass
-# 380 MiB against 306.
+# 256 x 256 for one sequence of 8 heads. At 8,192 tokens
+# (benchmarks/mha_memory.py), 512 x 512 tiles made TensorFlow's training
+# step slower and JAX's forward pass larger.
 TILE_BYTES = 2 * 2**20
 
 

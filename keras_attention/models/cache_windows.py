@@ -16,9 +16,9 @@ step once per phase (`2 ceil(log2(L / FIRST_WINDOW)) + 1` phases at most:
 length are padded with zeros, which is what an empty cache holds there.
 
 Doubling windows would compile fewer phases, but a step would read up to
-twice its position (at the sizes of benchmarks/gpt_speed.py on JAX, 512
-positions took 2.27 times as long per token as 64 with doubling windows in
-one run, 1.47 and 1.67 with these in two; benchmarks/README.md).
+twice its position (at the sizes of benchmarks/gpt_speed.py on JAX, a
+token at 512 positions took more time against one at 64 with doubling
+windows than with these).
 
 A phase computes what one loop over caches of length `L` computes: the same
 steps on the same written slots, the slots past them zero and masked from

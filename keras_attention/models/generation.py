@@ -89,8 +89,8 @@ def decode(
         # layers' path stays out of the compiled program, and the step is
         # compiled once, not also before the loop: in the benchmark's
         # alternation with KerasHub, where each call starts cold, the smaller
-        # program made a 32-token translation 1.10 times as fast at batch 1
-        # and 1.06 at batch 4 (benchmarks/README.md).
+        # program made a 32-token translation faster at batch 1 and 4
+        # (benchmarks/seq2seq_speed.py).
         i = ops.convert_to_tensor(0, "int32")
         next_logits = ops.zeros((batch, vocabulary_size), "float32")
     else:
