@@ -58,11 +58,14 @@ def continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwar
     limit_name, limit = limit
     lengths = mask.sum(axis=1)  # (B,)
     prompt_length, shortest = int(lengths.max()), int(lengths.min())
-    new = new_token_count(max_new_tokens, max_length, prompt_length)
-    if max_length is not None and max_length > limit:
+    # With `max_length`, a row as long as it gets no new token, as in
+    # KerasHub's loop, but some row must get one.
+    longest_or_shortest = prompt_length if max_length is None else shortest
+    new = new_token_count(max_new_tokens, max_length, longest_or_shortest)
+    if max_length is not None and not prompt_length <= max_length <= limit:
         raise ValueError(
-            f"`max_length` must be at most the model's {limit_name} ({limit}). "
-            f"Received: max_length={max_length}"
+            f"`max_length` must be at least the longest prompt ({prompt_length} tokens) and "
+            f"at most the model's {limit_name} ({limit}). Received: max_length={max_length}"
         )
     if max_length is not None:
         # Every row continues to `max_length` tokens, a shorter prompt with
@@ -75,8 +78,9 @@ def continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwar
             output = np.full((len(ids), max_length), kwargs.get("pad_token_id", 0), "int32")
             for length in np.unique(lengths):
                 rows = np.flatnonzero(lengths == length)
-                new = max_length - int(length)
-                output[rows] = generate(rows, ids[rows, :length], new, **kwargs)
+                new = max_length - int(length)  # none for prompts that fill it
+                prompt = ids[rows, :length]
+                output[rows] = generate(rows, prompt, new, **kwargs) if new else prompt
             return output, np.full_like(lengths, max_length)
     ids, mask = ids[:, :prompt_length], mask[:, :prompt_length]  # (B, P)
     output = generate(

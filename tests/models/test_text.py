@@ -361,11 +361,21 @@ def test_seq2seq_generate_says_what_ids_and_the_dictionary_take(bart_preset):
                                              rf".*row 0 of the mask: \[{row[0]}, 0, {row[2]}"):
             model.generate(bad)
     # Prompts that fill the width come back as they are (KerasHub's loop has
-    # no position to fill).
+    # no position to fill), alone or beside a shorter one, which is
+    # continued as it would be alone (the two need one call each: the model
+    # holds 16 target positions).
     full = {"encoder_token_ids": sources, "decoder_token_ids": packed["decoder_token_ids"][:, :2]}
     out = model.generate(full)
     np.testing.assert_array_equal(out["decoder_token_ids"], full["decoder_token_ids"])
     assert out["decoder_padding_mask"].all()
+    ids = np.full((2, 16), 1, "int32")
+    ids[0], ids[1, :2] = np.arange(16) % 8 + 2, [2, 0]
+    out = model.generate({"encoder_token_ids": sources[:2], "decoder_token_ids": ids,
+                          "decoder_padding_mask": ids != 1})
+    np.testing.assert_array_equal(out["decoder_token_ids"][0], ids[0])
+    np.testing.assert_array_equal(
+        out["decoder_token_ids"][1], model.generate(sources[1:2], 14, [2, 0])[0]
+    )
     with pytest.raises(ValueError, match=r"`max_new_tokens` is required with sources given as ids"):
         model.generate(sources, start_token_id=2)
     with pytest.raises(ValueError, match=r"`start_token_id` is required.*start_token_id=None"):
