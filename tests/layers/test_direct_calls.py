@@ -248,9 +248,10 @@ def test_training_steps_with_direct_calls_are_the_wrappers(prefer):
         keras.utils.set_random_seed(3)
         model = GPT(20, num_layers=2, num_heads=2, hidden_dim=D, intermediate_dim=16,
                     dropout=0.2, max_sequence_length=16, seed=11)
-        model.compile(
+        model.compile(  # eagerly, as torch trains, but on JAX (op by op it is slower)
             optimizer=keras.optimizers.SGD(0.5),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            run_eagerly=keras.backend.backend() != "jax",
         )
         losses = [float(model.train_on_batch(ids[:, :-1], ids[:, 1:])) for _ in range(2)]
         losses.append(float(model.test_on_batch(ids[:, :-1], ids[:, 1:])))
