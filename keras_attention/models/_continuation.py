@@ -31,13 +31,12 @@ def continue_packed(generate, limit, names, ids, mask, max_new_tokens, max_lengt
     `True` on the new tokens only. `names`: the keys of the ids and the
     mask, for errors."""
     mask = np.ones(ids.shape, bool) if mask is None else to_numpy(mask).astype(bool)
-    _generation_args.prompt_lengths(ids, mask, names)
+    lengths = _generation_args.prompt_lengths(ids, mask, names)
     if max_new_tokens is None and max_length is None:
         if mask.all():  # no position left to fill: the prompts back, as KerasHub's loop
             return ids, np.full(ids.shape, not strip_prompt)
         max_length = ids.shape[-1]
     output, limits = continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwargs)
-    lengths = mask.sum(axis=-1)
     stop = kwargs.get("stop_token_ids") or []
     real = real_tokens(output, lengths, limits, stop, strip_prompt)
     if strip_prompt:
@@ -58,8 +57,11 @@ def continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwar
     limit_name, limit = limit
     lengths = mask.sum(axis=1)  # (B,)
     prompt_length, shortest = int(lengths.max()), int(lengths.min())
-    # With `max_length`, a row as long as it gets no new token, as in
-    # KerasHub's loop, but some row must get one.
+    # With `max_length`, every row continues to `max_length` tokens, a
+    # shorter prompt with more new ones: each row gets the new tokens of the
+    # shortest and is cut at `max_length`; rows decode independently, so the
+    # cut rows are what a row alone would give. A row as long as it gets no
+    # new token, as in KerasHub's loop, but some row must get one.
     longest_or_shortest = prompt_length if max_length is None else shortest
     new = new_token_count(max_new_tokens, max_length, longest_or_shortest)
     if max_length is not None and not prompt_length <= max_length <= limit:
@@ -67,21 +69,15 @@ def continue_rows(generate, limit, ids, mask, max_new_tokens, max_length, **kwar
             f"`max_length` must be at least the longest prompt ({prompt_length} tokens) and "
             f"at most the model's {limit_name} ({limit}). Received: max_length={max_length}"
         )
-    if max_length is not None:
-        # Every row continues to `max_length` tokens, a shorter prompt with
-        # more new ones. Each row gets the new tokens of the shortest, and is
-        # cut at `max_length`; rows decode independently, so the cut rows
-        # are what a row alone would give.
-        new = max_length - shortest
-        if prompt_length + new > limit:
-            # Too long for one call: one call per prompt length.
-            output = np.full((len(ids), max_length), kwargs.get("pad_token_id", 0), "int32")
-            for length in np.unique(lengths):
-                rows = np.flatnonzero(lengths == length)
-                new = max_length - int(length)  # none for prompts that fill it
-                prompt = ids[rows, :length]
-                output[rows] = generate(rows, prompt, new, **kwargs) if new else prompt
-            return output, np.full_like(lengths, max_length)
+    if max_length is not None and prompt_length + new > limit:
+        # Too long for one call: one call per prompt length.
+        output = np.full((len(ids), max_length), kwargs.get("pad_token_id", 0), "int32")
+        for length in np.unique(lengths):
+            rows = np.flatnonzero(lengths == length)
+            new = max_length - int(length)  # none for prompts that fill it
+            prompt = ids[rows, :length]
+            output[rows] = generate(rows, prompt, new, **kwargs) if new else prompt
+        return output, np.full_like(lengths, max_length)
     ids, mask = ids[:, :prompt_length], mask[:, :prompt_length]  # (B, P)
     output = generate(
         slice(None), ids, new, prompt_padding_mask=None if mask.all() else mask, **kwargs

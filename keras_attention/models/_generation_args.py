@@ -84,14 +84,14 @@ def prompt_lengths(prompt, prompt_padding_mask, names=("prompt_ids", "prompt_pad
     batch, prompt_length = prompt.shape
     mask = _validation.to_numpy(prompt_padding_mask).astype(bool)
     lengths = mask.sum(axis=1)
-    prefix = mask.shape == prompt.shape and np.array_equal(
-        mask, np.arange(prompt_length)[None] < lengths[:, None]
-    )
-    if not prefix or lengths.min() == 0:
+    wrong_rows = None  # (B,): rows that are not a non-empty prefix
+    if mask.shape == prompt.shape:
+        prefix = np.arange(prompt_length)[None] < lengths[:, None]  # (B, P)
+        wrong_rows = (mask != prefix).any(axis=1) | (lengths == 0)
+    if wrong_rows is None or wrong_rows.any():
         wrong = f"a mask of shape {mask.shape}"
-        if mask.shape == prompt.shape:
-            row = int(np.argmax((mask != (np.arange(prompt_length) < lengths[:, None])).any(1)
-                                | (lengths == 0)))
+        if wrong_rows is not None:
+            row = int(np.argmax(wrong_rows))
             wrong = f"row {row} of the mask: {mask[row].astype(int).tolist()}"
         raise ValueError(
             f"`{names[1]}` must have the shape of `{names[0]}` "
