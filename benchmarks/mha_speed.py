@@ -159,6 +159,18 @@ def _matmul_rate(repeats):
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
+def _calls_per_sample(runners, seconds):
+    """How many calls one timed sample makes, the same for every case: enough
+    for the slowest case's sample to last `seconds` (a single 30 ms step is
+    at the mercy of the host's hiccups; a sample of several is not)."""
+    slowest = 0.0
+    for run in runners.values():
+        start = time.perf_counter()
+        run()
+        slowest = max(slowest, time.perf_counter() - start)
+    return max(1, round(seconds / slowest))
+
+
 def worker(args):
     import keras
     import numpy as np
@@ -209,12 +221,14 @@ def worker(args):
             for run in runners.values():  # warm-up and compilation
                 run()
                 run()
+            calls = _calls_per_sample(runners, args.sample_seconds)
             times = {name: [] for name in runners}
             for _ in range(args.repeats):  # interleaved: A B C A B C ...
                 for name, run in runners.items():
                     start = time.perf_counter()
-                    run()
-                    times[name].append(time.perf_counter() - start)
+                    for _ in range(calls):
+                        run()
+                    times[name].append((time.perf_counter() - start) / calls)
             medians = {name: statistics.median(t) for name, t in times.items()}
             flops = _flops(args.batch, length, width, heads, head_dim)
             flops *= 3 if backward else 1
@@ -244,18 +258,27 @@ def main():
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
+        "--sample-seconds", type=float, default=0.3,
+        help="each timed sample repeats a case's call until it lasts about this long",
+    )
+    parser.add_argument(
         "--path", choices=("kernel", "fit", "both"), default="both",
         help="kernel: the layer alone in a step of its own; fit: a compiled "
         "functional model's train_on_batch",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1; received {args.repeats}")
+    if not args.sample_seconds > 0:
+        parser.error(f"--sample-seconds must be positive; received {args.sample_seconds}")
     if args.worker:
         worker(args)
         return
     print(
         f"self-attention, batch {args.batch}, {args.heads} heads of {args.head_dim}; "
-        f"median of {args.repeats} interleaved runs; ratio = peer time / our time"
+        f"median of {args.repeats} interleaved samples of about {args.sample_seconds:g} s; "
+        f"ratio = peer time / our time"
     )
     header = (
         f"{'backend':<11}{'len':>5} {'causal':<7}{'pass':<8}{'ours ms':>9}"
@@ -266,7 +289,7 @@ def main():
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
         command = [sys.executable, __file__, "--worker"]
-        for flag in ("lengths", "batch", "heads", "head_dim", "repeats", "path"):
+        for flag in ("lengths", "batch", "heads", "head_dim", "repeats", "sample_seconds", "path"):
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         for line in proc.stdout:
