@@ -22,27 +22,14 @@ KerasHub's time / ours (above 1: ours is faster).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+import _timing
 
 VOCABULARY = 4164
 LAYERS, HEADS, WIDTH, FEEDFORWARD = 4, 4, 128, 512
 LENGTH, MASKS, BATCH = 64, 10, 32
-
-
-def _interleaved(runners, repeats):
-    for run in runners.values():  # warm-up and compilation
-        run()
-        run()
-    times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _compile(model):
@@ -98,7 +85,7 @@ def worker(args):
 
         return run
 
-    medians = _interleaved({"ours": train(ours), "keras_hub": train(theirs)}, args.repeats)
+    medians = _timing.interleaved({"ours": train(ours), "keras_hub": train(theirs)}, args.repeats)
     tokens = args.train_steps * BATCH * LENGTH
     print(
         json.dumps(

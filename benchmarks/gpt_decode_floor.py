@@ -25,11 +25,7 @@ rounds, the three in turn within a round.
     python benchmarks/gpt_decode_floor.py                    # --lengths 64,128,256
 """
 
-import argparse
-import json
-import os
-import statistics
-import time
+import _floor
 
 LAYERS, HEADS, WIDTH, INTERMEDIATE, VOCABULARY = 4, 4, 128, 512, 65
 PROMPT_LENGTH = 16
@@ -77,14 +73,9 @@ def floor_decoder(backbone, total_length):
     )
 
     def layer_norm(x, gamma_beta):
-        gamma, beta = gamma_beta
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        return (x - mean) * jax.lax.rsqrt(variance + EPSILON) * gamma + beta
+        return _floor.layer_norm(x, gamma_beta, EPSILON)
 
-    def dense(x, kernel_bias):
-        kernel, bias = kernel_bias
-        return x @ kernel + bias
+    dense = _floor.dense
 
     def run_blocks(params, x, caches, start):
         """`x` `(T, D)` at positions `start ..`; caches: per block `(k, v)`
@@ -134,25 +125,11 @@ def floor_decoder(backbone, total_length):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _floor.argument_parser(__doc__)
     parser.add_argument("--lengths", default="64,128,256", help="total lengths, comma-separated")
-    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    lengths = []
-    for text in args.lengths.split(","):
-        if not text.strip().isdigit() or int(text) <= PROMPT_LENGTH + 1:
-            parser.error(
-                f"--lengths must be integers above {PROMPT_LENGTH + 1}; received {args.lengths!r}"
-            )
-        lengths.append(int(text))
-    if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1; received {args.repeats}")
-    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
-        parser.error(
-            f"this benchmark runs on JAX: KERAS_BACKEND must be jax or unset; "
-            f"received {os.environ['KERAS_BACKEND']!r}"
-        )
-    os.environ["KERAS_BACKEND"] = "jax"
+    lengths = _floor.integer_list(parser, "--lengths", args.lengths, PROMPT_LENGTH + 2)
+    _floor.check_run(parser, args)
 
     import keras_hub
     import numpy as np
@@ -182,29 +159,7 @@ def main():
                 theirs.generate(their_inputs, stop_token_ids=None)["token_ids"]
             )[0],
         }
-        outputs = {name: run() for name, run in runners.items()}  # compiles
-        for name, tokens in outputs.items():
-            if not np.array_equal(tokens, outputs["floor"]):
-                raise SystemExit(f"{name} decoded other tokens than the floor at length {length}")
-        times = {name: [] for name in runners}
-        for _ in range(args.repeats):
-            for name, run in runners.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        medians = {name: statistics.median(t) for name, t in times.items()}
-        print(
-            json.dumps(
-                {
-                    "length": length,
-                    "ms_per_token": {n: round(1e3 * m / new, 4) for n, m in medians.items()},
-                    "keras_hub / floor": round(medians["keras_hub"] / medians["floor"], 2),
-                    "keras_hub / ours": round(medians["keras_hub"] / medians["ours"], 2),
-                    "ours / floor": round(medians["ours"] / medians["floor"], 2),
-                }
-            ),
-            flush=True,
-        )
+        _floor.time_against_floor(runners, args.repeats, new, {"length": length})
 
 
 if __name__ == "__main__":

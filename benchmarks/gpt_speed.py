@@ -34,10 +34,10 @@ KerasHub's Llama time / our LLaMA's.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+import _timing
 
 SIZES = dict(
     vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128, intermediate_dim=512
@@ -55,19 +55,6 @@ def _compile(model):
         optimizer=keras.optimizers.AdamW(1e-3, global_clipnorm=1.0),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-
-
-def _interleaved(runners, repeats):
-    for run in runners.values():  # warm-up and compilation
-        run()
-        run()
-    times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 CONTEXT, BATCH, PROMPT_LENGTH = 64, 12, 16
@@ -130,7 +117,7 @@ def _gpt2_section(args, backend, rng):
     x, y = ids[:, :-1], ids[:, 1:]
     their_x = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
 
-    medians = _interleaved(
+    medians = _timing.interleaved(
         {
             "ours": _train_runner(ours, x, y, args.train_steps),
             "keras_hub": _train_runner(theirs, their_x, y, args.train_steps),
@@ -175,7 +162,7 @@ def _gpt2_section(args, backend, rng):
         runners = {"ours": our_generate, "keras_hub": _hub_generate(theirs, their_inputs)}
         if theirs_xla is not None:
             runners["keras_hub_xla"] = _hub_generate(theirs_xla, their_inputs)
-        medians = _interleaved(runners, args.repeats)
+        medians = _timing.interleaved(runners, args.repeats)
         print(
             json.dumps(
                 {
@@ -227,7 +214,7 @@ def _llama_section(args, backend, rng):
         _compile(model)
         inputs = hub_x if name == "keras_hub_llama" else x
         runners[name] = _train_runner(model, inputs, y, args.train_steps)
-    medians = _interleaved(runners, args.repeats)
+    medians = _timing.interleaved(runners, args.repeats)
     tokens = args.train_steps * BATCH * CONTEXT
     print(
         json.dumps(
@@ -251,7 +238,7 @@ def _llama_section(args, backend, rng):
             "llama_config": lambda prompt=prompt, new=new: llama.generate(prompt, new),
             "keras_hub_llama": _hub_generate(hub_llama, hub_inputs),
         }
-        medians = _interleaved(runners, args.repeats)
+        medians = _timing.interleaved(runners, args.repeats)
         print(
             json.dumps(
                 {

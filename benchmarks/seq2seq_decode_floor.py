@@ -27,11 +27,7 @@ Medians of `--repeats` rounds, the three in turn within a round.
     python benchmarks/seq2seq_decode_floor.py        # --batches 1,4 --repeats 9
 """
 
-import argparse
-import json
-import os
-import statistics
-import time
+import _floor
 
 VOCABULARY = 1000
 LAYERS, HEADS, WIDTH, FEEDFORWARD = 2, 4, 128, 256
@@ -114,14 +110,9 @@ def floor_translator(backbone, new_tokens):
     )
 
     def layer_norm(x, gamma_beta):
-        gamma, beta = gamma_beta
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        return (x - mean) * jax.lax.rsqrt(variance + EPSILON) * gamma + beta
+        return _floor.layer_norm(x, gamma_beta, EPSILON)
 
-    def dense(x, kernel_bias):
-        kernel, bias = kernel_bias
-        return x @ kernel + bias
+    dense = _floor.dense
 
     def heads(x):
         """`(B, T, D)` -> `(B, H, T, K)`."""
@@ -191,26 +182,14 @@ def floor_translator(backbone, new_tokens):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _floor.argument_parser(__doc__)
     parser.add_argument("--batches", default="1,4", help="batch sizes, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    batches = []
-    for text in args.batches.split(","):
-        if not text.strip().isdigit() or int(text) < 1:
-            parser.error(f"--batches must be positive integers; received {args.batches!r}")
-        batches.append(int(text))
+    batches = _floor.integer_list(parser, "--batches", args.batches, 1)
     if not 1 <= args.new_tokens < MAX_LENGTH:
         parser.error(f"--new-tokens must be from 1 to {MAX_LENGTH - 1}; received {args.new_tokens}")
-    if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1; received {args.repeats}")
-    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
-        parser.error(
-            f"this benchmark runs on JAX: KERAS_BACKEND must be jax or unset; "
-            f"received {os.environ['KERAS_BACKEND']!r}"
-        )
-    os.environ["KERAS_BACKEND"] = "jax"
+    _floor.check_run(parser, args)
 
     import keras_hub
     import numpy as np
@@ -250,29 +229,7 @@ def main():
                 theirs.generate(their_inputs, stop_token_ids=None)["decoder_token_ids"]
             ),
         }
-        outputs = {name: run() for name, run in runners.items()}  # compiles
-        for name, tokens in outputs.items():
-            if not np.array_equal(tokens, outputs["floor"]):
-                raise SystemExit(f"{name} decoded other tokens than the floor at batch {batch}")
-        times = {name: [] for name in runners}
-        for _ in range(args.repeats):
-            for name, run in runners.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        medians = {name: statistics.median(t) for name, t in times.items()}
-        print(
-            json.dumps(
-                {
-                    "batch": batch,
-                    "ms_per_token": {n: round(1e3 * m / new, 4) for n, m in medians.items()},
-                    "keras_hub / floor": round(medians["keras_hub"] / medians["floor"], 2),
-                    "keras_hub / ours": round(medians["keras_hub"] / medians["ours"], 2),
-                    "ours / floor": round(medians["ours"] / medians["floor"], 2),
-                }
-            ),
-            flush=True,
-        )
+        _floor.time_against_floor(runners, args.repeats, new, {"batch": batch})
 
 
 if __name__ == "__main__":
