@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+import _timing
+
 
 def _flops(batch, length, width, heads, head_dim):
     projections = 4 * 2 * batch * length * width * width  # q, k, v, output
@@ -159,18 +161,6 @@ def _matmul_rate(repeats):
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def _calls_per_sample(runners, seconds):
-    """How many calls one timed sample makes, the same for every case: enough
-    for the slowest case's sample to last `seconds` (a single 30 ms step is
-    at the mercy of the host's hiccups; a sample of several is not)."""
-    slowest = 0.0
-    for run in runners.values():
-        start = time.perf_counter()
-        run()
-        slowest = max(slowest, time.perf_counter() - start)
-    return max(1, round(seconds / slowest))
-
-
 def worker(args):
     import keras
     import numpy as np
@@ -221,15 +211,8 @@ def worker(args):
             for run in runners.values():  # warm-up and compilation
                 run()
                 run()
-            calls = _calls_per_sample(runners, args.sample_seconds)
-            times = {name: [] for name in runners}
-            for _ in range(args.repeats):  # interleaved: A B C A B C ...
-                for name, run in runners.items():
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        run()
-                    times[name].append((time.perf_counter() - start) / calls)
-            medians = {name: statistics.median(t) for name, t in times.items()}
+            calls = _timing.calls_per_sample(runners, args.sample_seconds)
+            medians = _timing.interleaved(runners, args.repeats, warmups=0, calls=calls)
             flops = _flops(args.batch, length, width, heads, head_dim)
             flops *= 3 if backward else 1
             rows.append(
