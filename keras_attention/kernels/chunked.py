@@ -7,12 +7,12 @@ size, `V` value head size, `N` chunks, `C` queries in a chunk, `E` the keys a
 band of chunks attends to.
 """
 
-import keras
 from keras import ops
 
 from keras_attention import backend
 from keras_attention import masking
 from keras_attention.kernels import tiles as tiles_lib
+from keras_attention.kernels._query_chunks import QueryChunks
 
 # When the full float32 scores would take more than `CHUNK_ABOVE_BYTES`, each
 # chunk holds at most `CHUNK_BYTES` of them. Below the threshold one kernel
@@ -123,62 +123,16 @@ def tile_size(batch, heads, tile_bytes=TILE_BYTES):
     return side
 
 
-class _Chunks:
-    """The static plan of one call: sizes, layouts, bands; both passes."""
+class _Chunks(QueryChunks):
+    """The static plan of one call: its layout and bands; both passes."""
 
     def __init__(self, q, k, v, mask, scale, is_causal, chunk, max_bands):
-        self.query_length, self.heads, _ = q.shape[1:]
-        self.key_length, self.groups = k.shape[1], k.shape[2]
-        self.ratio = self.heads // self.groups
-        self.scale = scale
+        super().__init__(q, k, mask, scale, chunk)
         self.is_causal = is_causal
-        self.chunk = chunk
-        self.num_chunks = -(-self.query_length // chunk)
-        self.offset = self.key_length - self.query_length
         self.bands = bands(
             self.num_chunks, chunk, self.query_length, self.key_length,
             is_causal, max_bands,
         )
-        self.masked = mask is not None
-        # Scores, statistics and gradient sums: at least float32.
-        self.dtype = keras.backend.result_type(q.dtype, "float32")
-
-    # Layouts.
-
-    def to_chunks(self, x):
-        """`(B, T, H, D)` -> `(N, B, G, R C, D)`: a chunk's heads as matmul rows."""
-        n, c, g, r = self.num_chunks, self.chunk, self.groups, self.ratio
-        padding = n * c - self.query_length
-        if padding:
-            x = ops.pad(x, ((0, 0), (0, padding), (0, 0), (0, 0)))
-        x = ops.reshape(x, (-1, n, c, g, r, x.shape[-1]))
-        x = ops.transpose(x, (1, 0, 3, 4, 2, 5))  # (N, B, G, R, C, D)
-        return ops.reshape(x, (n, -1, g, r * c, x.shape[-1]))
-
-    def from_chunks(self, x):
-        """`(N, B, G, R C, D)` -> `(B, T, H, D)`."""
-        n, c, g, r = self.num_chunks, self.chunk, self.groups, self.ratio
-        x = ops.reshape(x, (n, -1, g, r, c, x.shape[-1]))
-        x = ops.transpose(x, (1, 0, 4, 2, 3, 5))  # (B, N, C, G, R, D)
-        x = ops.reshape(x, (-1, n * c, self.heads, x.shape[-1]))
-        return x[:, : self.query_length]
-
-    def mask_chunks(self, mask):
-        """`(B|1, H|1, T|1, S|1)` -> `(N, B|1, G|1, R|1, C, S|1)`, or the one
-        row `(B|1, G|1, R|1, 1, S|1)` that every query shares."""
-        heads = mask.shape[1] > 1
-        g, r = (self.groups, self.ratio) if heads else (1, 1)
-        mask = ops.reshape(mask, (-1, g, r) + tuple(mask.shape[2:]))
-        if mask.shape[-2] == 1:
-            return mask
-        n, c = self.num_chunks, self.chunk
-        padding = n * c - self.query_length
-        if padding:
-            mask = ops.pad(
-                mask, ((0, 0),) * 3 + ((0, padding), (0, 0)), constant_values=True
-            )
-        mask = ops.reshape(mask, (-1, g, r, n, c, mask.shape[-1]))
-        return ops.moveaxis(mask, 3, 0)  # (N, B|1, G|1, R|1, C, S|1)
 
     def band_mask(self, mask, first, stop, keys):
         """The band's part of `mask_chunks`: its chunks, its `keys` keys."""
@@ -330,8 +284,6 @@ class _Chunks:
             ops.cast(ops.transpose(d_value, (0, 2, 1, 3)), v_heads.dtype),
         )
         return grads + ((None,) if self.masked else ())
-
-
 
 
 def concatenate(parts):

@@ -8,18 +8,17 @@ size, `V` value head size, `N` query chunks, `C` queries in a chunk (and keys
 in a block).
 """
 
-import keras
 import numpy as np
 from keras import ops
 
 from keras_attention import backend
-from keras_attention.kernels import chunked
+from keras_attention.kernels._query_chunks import QueryChunks
 
 # Each loop compiled once per configuration and input shapes.
 _COMPILED_LOOPS = {}
 
 
-class Tiles:
+class Tiles(QueryChunks):
     """Causal attention in square tiles, both ways, in one loop each.
 
     Query chunk `i` (`C` queries) meets key block `j` (`C` keys) for every
@@ -36,14 +35,8 @@ class Tiles:
     """
 
     def __init__(self, q, k, v, mask, scale, tile):
-        self.query_length, self.heads, _ = q.shape[1:]
-        self.key_length, self.groups = k.shape[1], k.shape[2]
-        self.ratio = self.heads // self.groups
-        self.scale = scale
-        self.chunk = tile
-        self.num_chunks = -(-self.query_length // tile)
+        super().__init__(q, k, mask, scale, tile)
         self.num_blocks = -(-self.key_length // tile)
-        self.offset = self.key_length - self.query_length
         # The tiles, row after row: chunk i sees keys [0, offset + (i+1) C).
         rows, columns, firsts = [], [], []
         for i in range(self.num_chunks):
@@ -55,9 +48,6 @@ class Tiles:
             np.asarray(rows, "int32"), np.asarray(columns, "int32"),
             np.asarray(firsts, "int32"),
         )
-        self.masked = mask is not None
-        self.dtype = keras.backend.result_type(q.dtype, "float32")
-        self.layout = chunked._Chunks(q, k, v, mask, scale, True, tile, 1)
 
     def blocks(self, x):
         """`(B, S, G, D)` -> `(M, B, G, C, D)`, padded with zeros."""
@@ -78,7 +68,7 @@ class Tiles:
         layout, with the keys in blocks in front where the mask has them
         (`keyed`): `(M, N, B|1, G|1, R|1, C, C)`, or `(M, B|1, G|1, R|1, 1,
         C)` for a row every query shares (not `rows`)."""
-        mask = self.layout.mask_chunks(mask)
+        mask = self.mask_chunks(mask)
         rows = len(mask.shape) == 6
         keyed = mask.shape[-1] > 1
         if keyed:
@@ -135,15 +125,14 @@ class Tiles:
         return rows[step], columns[step], ops.cast(firsts[step], "bool")
 
     def forward(self, q, k, v, mask=None):
-        layout = self.layout
-        q_chunks = layout.to_chunks(ops.multiply(q, ops.cast(self.scale, q.dtype)))
+        q_chunks = self.to_chunks(ops.multiply(q, ops.cast(self.scale, q.dtype)))
         k_blocks, v_blocks = self.blocks(k), self.blocks(v)  # (M, B, G, C, K|V)
         tensors = (q_chunks, k_blocks, v_blocks) + (() if mask is None else (mask,))
         output, lse = self.compiled("forward", tensors)(*tensors)
         residuals = (q_chunks, k_blocks, v_blocks, output, lse)
         if mask is not None:
             residuals += (mask,)
-        return layout.from_chunks(output), residuals
+        return self.from_chunks(output), residuals
 
     def _forward_loop(self, q_chunks, k_blocks, v_blocks, mask=None):
         """The tiles' loop: the chunked output `(N, B, G, R C, V)` and each
@@ -188,7 +177,7 @@ class Tiles:
     def backward(self, residuals, d_output):
         q_chunks, k_blocks, v_blocks, output, lse = residuals[:5]
         mask = residuals[5] if self.masked else None
-        d_chunks = ops.cast(self.layout.to_chunks(d_output), v_blocks.dtype)
+        d_chunks = ops.cast(self.to_chunks(d_output), v_blocks.dtype)
         delta = ops.sum(
             ops.cast(d_chunks, lse.dtype) * ops.cast(output, lse.dtype), axis=-1
         )  # (N, B, G, R C): D = rowsum(dO * O)
@@ -196,7 +185,7 @@ class Tiles:
         tensors += () if mask is None else (mask,)
         d_q, d_k, d_v = self.compiled("backward", tensors)(*tensors)
         grads = (
-            ops.cast(self.layout.from_chunks(d_q) * self.scale, q_chunks.dtype),
+            ops.cast(self.from_chunks(d_q) * self.scale, q_chunks.dtype),
             ops.cast(self.unblock(d_k), k_blocks.dtype),
             ops.cast(self.unblock(d_v), v_blocks.dtype),
         )
