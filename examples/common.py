@@ -16,10 +16,13 @@
 - `training_parser`, `config_from_args`: the command line every training
   script shares (preset, `--tiny`, steps, output folder, data source,
   `--mixed-precision`, `--jit`, `--distribute`) and the config it makes.
-- `save_checkpoint`, `load_checkpoint`, `checkpoint_callback`: an atomic
-  checkpoint (weights with the optimizer state, the step, the config, and
-  whatever else an example writes beside them, such as its vocabulary) that
-  a run resumes from.
+- `begin`, `fit_in_intervals`: a run's first steps (backend, precision,
+  seed, output folder) and `model.fit` one evaluation interval an epoch,
+  with progress, checkpoints and a CSV log.
+- `save_checkpoint`, `load_checkpoint`, `checkpoint_callback`, `resume`: an
+  atomic checkpoint (weights with the optimizer state, the step, the config,
+  and whatever else an example writes beside them, such as its vocabulary)
+  that a run resumes from.
 
 How the examples import it: each script is run as
 `python examples/<name>/train.py`, which puts `examples/<name>/` first on
@@ -859,6 +862,54 @@ def config_from_args(parser, args, presets, config_class, options=()):
     return config
 
 
+# A training run.
+
+
+def begin(args, config):
+    """What a training script does first: says the backend, sets the
+    mixed-precision policy (under float16 `compile` adds Keras's dynamic loss
+    scaling) and the seed, and makes `--output-dir`, which it returns."""
+    import keras
+
+    print(f"backend: {keras.backend.backend()}")
+    if config.mixed_precision:
+        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
+    keras.utils.set_random_seed(config.seed)
+    output = pathlib.Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    return output
+
+
+def fit_in_intervals(model, config, datasets, output, start_step, save_extra=None):
+    """`model.fit` from `start_step` to `config.steps`, one epoch an
+    evaluation interval (validated on `datasets["validation_batches"]`),
+    with the progress line, a checkpoint (`save_extra(folder)` adds to it)
+    and a row of `output/log.csv` after each; prints what it trained and
+    returns the seconds."""
+    import keras
+
+    start = time.perf_counter()
+    if start_step < config.steps:
+        model.fit(
+            datasets["train_batches"],
+            initial_epoch=start_step // config.eval_interval,
+            epochs=config.steps // config.eval_interval,
+            steps_per_epoch=config.eval_interval,
+            validation_data=datasets["validation_batches"],
+            callbacks=[
+                progress_callback(config.progress_seconds),
+                checkpoint_callback(output, config, save_extra),
+                # The metrics of every interval, appended across resumes.
+                keras.callbacks.CSVLogger(output / "log.csv", append=True),
+            ],
+            shuffle=False,  # the stream is shuffled already
+            verbose=0,
+        )
+    seconds = time.perf_counter() - start
+    print(trained_line(config.steps - start_step, seconds, config.steps, output), flush=True)
+    return seconds
+
+
 # Checkpoints.
 
 
@@ -1014,6 +1065,14 @@ def resumed_step(model, saved_step):
             f"says {saved_step}: the checkpoint is inconsistent."
         )
     return step
+
+
+def resume(model, folder, saved_step):
+    """Loads the checkpoint in `folder` (`load_weights`) into `model` and
+    returns the step it continues from: the optimizer's own counter, which
+    the weights file holds, checked against `saved_step`."""
+    load_weights(model, folder)
+    return resumed_step(model, saved_step)
 
 
 # Pictures.

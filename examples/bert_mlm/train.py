@@ -338,27 +338,11 @@ def compile_model(model, config, jit_compile="auto"):
 
 
 def train(model, config, datasets, output, start_step):
-    """`model.fit` from `start_step` to `config.steps`; returns the seconds."""
-    start = time.perf_counter()
-    if start_step < config.steps:
-        model.fit(
-            datasets["train_batches"],
-            initial_epoch=start_step // config.eval_interval,
-            epochs=config.steps // config.eval_interval,
-            steps_per_epoch=config.eval_interval,
-            validation_data=datasets["validation_batches"],
-            callbacks=[
-                common.progress_callback(config.progress_seconds),
-                common.checkpoint_callback(output, config, datasets["vocabulary"].save),
-                # The metrics of every interval, appended across resumes.
-                keras.callbacks.CSVLogger(output / "log.csv", append=True),
-            ],
-            shuffle=False,  # the stream is shuffled already
-            verbose=0,
-        )
-    seconds = time.perf_counter() - start
-    print(common.trained_line(config.steps - start_step, seconds, config.steps, output), flush=True)
-    return seconds
+    """`model.fit` from `start_step` to `config.steps`, the vocabulary in
+    each checkpoint; returns the seconds."""
+    return common.fit_in_intervals(
+        model, config, datasets, output, start_step, datasets["vocabulary"].save
+    )
 
 
 # Evaluation.
@@ -607,14 +591,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, config = parse_args(argv)
-    print(f"backend: {keras.backend.backend()}")
-    if config.mixed_precision:
-        # float16 trains with Keras's dynamic loss scaling (`compile` wraps
-        # the optimizer in a `LossScaleOptimizer`).
-        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
-    keras.utils.set_random_seed(config.seed)
-    output = pathlib.Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    output = common.begin(args, config)
     began = time.perf_counter()
 
     if args.prepare:
@@ -658,11 +635,8 @@ def _run(args, config, output, checkpoint, start_step, datasets, began):
     model = build_model(config, vocabulary)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
-        # The weights file holds the optimizer's moments and step counter:
-        # the step is read back from the optimizer itself.
         saved_step, _, path = checkpoint
-        common.load_weights(model, path)
-        start_step = common.resumed_step(model, saved_step)
+        start_step = common.resume(model, path, saved_step)
     print(f"vocabulary: {vocabulary.size} tokens; parameters: {model.count_params():,}")
 
     seconds = train(model, config, datasets, output, start_step)

@@ -393,12 +393,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, config = parse_args(argv)
-    print(f"backend: {keras.backend.backend()}")
-    if config.mixed_precision:
-        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
-    keras.utils.set_random_seed(config.seed)
-    output = pathlib.Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    output = common.begin(args, config)
 
     start_step, tokenizer = 0, None
     checkpoint = None if args.fresh else load_checkpoint(output)
@@ -430,11 +425,8 @@ def _train(args, config, output, checkpoint, start_step, tokenizer, train, evalu
     model = build_model(config, tokenizer.vocabulary_size)
     compile_model(model, config, jit_compile=True if args.jit else "auto")
     if checkpoint is not None:
-        # The weights file holds the optimizer's moments and step counter:
-        # the step is read back from the optimizer itself.
         saved_step, _, _, folder = checkpoint
-        common.load_weights(model, folder)
-        start_step = common.resumed_step(model, saved_step)
+        start_step = common.resume(model, folder, saved_step)
     print(
         f"vocabulary: {tokenizer.vocabulary_size} tokens ({tokenizer.kind}), "
         f"parameters: {model.count_params():,}"
