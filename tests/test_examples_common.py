@@ -425,6 +425,37 @@ def test_checkpoints_restore_the_dropout_random_states(common, tmp_path):
     assert not np.array_equal(keras.ops.convert_to_numpy(fresh(x, training=True)), expected)
 
 
+def test_resume_loads_the_weights_and_reads_the_step_back(common, tmp_path):
+    import dataclasses
+
+    import keras
+
+    @dataclasses.dataclass
+    class Config:
+        steps: int = 6
+
+    def make():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    model = make()
+    x, y = np.ones((4, 3), "float32"), np.zeros((4, 2), "float32")
+    for _ in range(2):
+        model.train_on_batch(x, y)
+    common.save_checkpoint(tmp_path, model, 2, Config())
+    folder = tmp_path / "checkpoint"
+
+    resumed = make()
+    assert common.resume(resumed, folder, 2) == 2
+    for ours, saved in zip(resumed.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(ours, saved)
+    with pytest.raises(RuntimeError, match="optimizer step 2, its state says 3"):
+        common.resume(make(), folder, 3)
+
+
 def test_ticker_is_due_after_its_seconds(common, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(common.time, "perf_counter", lambda: now[0])
