@@ -4,13 +4,16 @@ import statistics
 import time
 
 
-def calls_per_sample(runners, seconds):
+def calls_per_sample(runners, seconds, warmups=2):
     """How many calls one timed sample of `interleaved` makes, the same for
     every runner: enough for the slowest runner's sample to last about
     `seconds` (a single 30 ms step is at the mercy of the host's hiccups; a
-    sample of several is not). Calls each runner once."""
+    sample of several is not). Calls each runner `warmups` times
+    (compilation), then once timed."""
     slowest = 0.0
     for run in runners.values():
+        for _ in range(warmups):
+            run()
         start = time.perf_counter()
         run()
         slowest = max(slowest, time.perf_counter() - start)

@@ -208,9 +208,6 @@ def worker(args):
                 }
                 if backend == "torch":
                     runners.update(_torch_runners(x, heads, causal, backward))
-            for run in runners.values():  # warm-up and compilation
-                run()
-                run()
             calls = _timing.calls_per_sample(runners, args.sample_seconds)
             medians = _timing.interleaved(runners, args.repeats, warmups=0, calls=calls)
             flops = _flops(args.batch, length, width, heads, head_dim)
