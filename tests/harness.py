@@ -376,16 +376,24 @@ def saved_weights(path):
     return [to_numpy(w) for w in model.weights]
 
 
-def check_killed_runs_end_as_one(path, args, output, finished, seconds):
+def check_killed_runs_end_as_one(path, args, output, finished, seconds, first_write=True):
     """Runs the training script `path` with `args` into `output`, killing it
-    while it writes its first checkpoint, between the renames of its second,
-    then after `0.6 * seconds` (it may have finished), resuming each time;
-    asserts that it ends with the weights of the uninterrupted run whose
-    folder is `finished` and returns the last run's stdout lines. The run
-    must write a checkpoint at least twice."""
+    while it writes its first checkpoint (unless `first_write` is False),
+    between the renames of its second, then after `0.6 * seconds` (it may
+    have finished), resuming each time; asserts that it ends with the
+    weights of the uninterrupted run whose folder is `finished` and returns
+    the last run's stdout lines. The run must write a checkpoint at least
+    twice.
+
+    The kill during the first write tests `common.save_checkpoint` alone
+    (the half-written folder is never read, and the run starts afresh), the
+    same code for every script: one example's test is enough for it. The
+    kill between the renames tests the script too, which must resume from
+    the folder `common.load_checkpoint` names (`checkpoint.old` there)."""
     args = (*args, "--output-dir", str(output))
-    assert run_killed(path, *args, env={FAULT_ENV: "weights written:1"})
-    assert not (output / "checkpoint").exists()  # nothing half-written is read
+    if first_write:
+        assert run_killed(path, *args, env={FAULT_ENV: "weights written:1"})
+        assert not (output / "checkpoint").exists()  # nothing half-written is read
     assert run_killed(path, *args, env={FAULT_ENV: "between the renames:2"})
     assert (output / "checkpoint.old" / "state.json").exists()  # the first survives
     run_killed(path, *args, after=0.6 * seconds)
