@@ -8,6 +8,7 @@ tested in `test_examples_common.py`.
 
 import gzip
 import json
+import os
 import re
 import time
 
@@ -151,7 +152,8 @@ def test_tiny_run_on_several_devices_matches_one_device(tmp_path):
         )
         assert "no distribution engine for torch" in refused
         return
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    flags = os.environ.get("XLA_FLAGS", "")  # the suite's (conftest.py)
+    env = {"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=4".strip()}
     one = _run("train.py", *args, "--output-dir", str(tmp_path / "one"), env=env)
     kinds = ("data", "model") if backend == "jax" else ("data",)
     for kind in kinds:
