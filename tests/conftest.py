@@ -23,10 +23,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # The tests' programs are tiny: XLA's time goes to compiling them, not running
 # them, and most of a compilation on a CPU is LLVM's optimization of the
-# generated code. Without it (level 0) the compiled programs compute the same
-# values (no fast-math either way; the graph passes, fusion included, still
-# run), and the JAX suite ran about a fifth faster. Set for JAX and for
-# TensorFlow's XLA, unless XLA_FLAGS names a level already; the scripts the
+# generated code. Without it (level 0) the programs run the same operations
+# (the graph passes, fusion included, still run; no fast-math either way),
+# rounded alike up to the last bit (where LLVM would fuse a multiply and an
+# add), and the JAX suite runs a good part faster (TensorFlow's less: it
+# compiles with XLA only in `generate` and where a test asks). Set for JAX
+# and TensorFlow, unless XLA_FLAGS names a level already; the scripts the
 # tests start inherit it. Benchmarks and users keep XLA's default.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
