@@ -293,14 +293,8 @@ def attach_mask(x, mask):
 
 
 def compute_attention_mask(
-    query,
-    value,
-    query_mask=None,
-    value_mask=None,
-    key_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-    num_heads=None,
+    query, value, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
+    use_causal_mask=False, num_heads=None,
 ):
     """Turns padding masks, an attention mask and causality into one mask.
 

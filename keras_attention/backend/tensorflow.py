@@ -38,15 +38,9 @@ from keras_attention.backend import common
 from keras_attention.backend.common import Preferences
 
 PREFERENCES = Preferences(
-    blocked="always",
-    blocked_min_queries=32,
-    causal_blocks=2,
-    chunk_long_queries=True,
-    linear_projections=True,
-    fuse_cached_projections=True,
-    repeat_single_key_value_head=True,
-    cache_windows=True,
-    causal_tiles=True,
+    blocked="always", blocked_min_queries=32, causal_blocks=2, chunk_long_queries=True,
+    linear_projections=True, fuse_cached_projections=True, repeat_single_key_value_head=True,
+    cache_windows=True, causal_tiles=True,
 )
 
 

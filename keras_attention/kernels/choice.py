@@ -90,20 +90,9 @@ def takes_fused(fused, dot_product, weights_needed, dropout_active, same_head_si
 
 
 def choose_kernel(
-    query_shape,
-    key_shape,
-    value_shape,
-    dtype,
-    *,
-    dot_product,
-    causal=False,
-    cached=False,
-    weights_needed=False,
-    dropout_active=False,
-    fused=True,
-    preferences=None,
-    chunk_above_bytes=chunked.CHUNK_ABOVE_BYTES,
-    chunk_bytes=chunked.CHUNK_BYTES,
+    query_shape, key_shape, value_shape, dtype, *, dot_product, causal=False, cached=False,
+    weights_needed=False, dropout_active=False, fused=True, preferences=None,
+    chunk_above_bytes=chunked.CHUNK_ABOVE_BYTES, chunk_bytes=chunked.CHUNK_BYTES,
 ):
     """The kernel for one call (the table above).
 

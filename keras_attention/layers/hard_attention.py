@@ -161,15 +161,9 @@ class HardAttention(SingleHeadAttention):
     """
 
     def __init__(
-        self,
-        score: Scorer = "scaled_dot",
-        selection: str = "sample",
-        estimator: str = "reinforce",
-        temperature: float = 1.0,
-        seed: int | None = None,
-        hard: bool = False,
-        inference_selection: str = "argmax",
-        **kwargs: Any,
+        self, score: Scorer = "scaled_dot", selection: str = "sample", estimator: str = "reinforce",
+        temperature: float = 1.0, seed: int | None = None, hard: bool = False,
+        inference_selection: str = "argmax", **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.selection = _validation.check_choice("selection", selection, SELECTIONS)

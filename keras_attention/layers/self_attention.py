@@ -123,12 +123,8 @@ class SelfAttention(keras.layers.Layer):
         self.built = True
 
     def call(
-        self,
-        inputs: Tensor,
-        mask: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        use_causal_mask: bool = False,
-        return_attention_scores: bool = False,
+        self, inputs: Tensor, mask: Tensor | None = None, attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False, return_attention_scores: bool = False,
         training: bool | None = None,
     ):
         _validation.check_rank("inputs", inputs.shape, 3)
@@ -138,19 +134,12 @@ class SelfAttention(keras.layers.Layer):
         query = self.query_dense(inputs)  # (B, T, U)
         key = self.key_dense(inputs)  # (B, T, U)
         value = self.value_dense(inputs)  # (B, T, U)
+        # `key_mask` explicit, or Keras would fill it from the mask the key
+        # projection carries, and an explicit `mask` could not replace it.
         return self.attention(
-            query,
-            value,
-            key=key,
-            query_mask=mask,
-            value_mask=mask,
-            # Explicit, or Keras would fill it from the mask the key projection
-            # carries, and an explicit `mask` could not replace the implicit one.
-            key_mask=mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
+            query, value, key=key, query_mask=mask, value_mask=mask, key_mask=mask,
+            attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+            return_attention_scores=return_attention_scores, training=training,
         )
 
     def compute_output_shape(self, inputs_shape):

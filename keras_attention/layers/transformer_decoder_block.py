@@ -127,19 +127,14 @@ class TransformerDecoderBlock(_block_io.DecoderOutputSpec, TransformerBlock):
         self.built = True
 
     def call(
-        self,
-        decoder_sequence: Tensor,
-        encoder_sequence: Tensor | None = None,
-        decoder_padding_mask: Tensor | None = None,
-        decoder_attention_mask: Tensor | None = None,
-        encoder_padding_mask: Tensor | None = None,
-        encoder_attention_mask: Tensor | None = None,
+        self, decoder_sequence: Tensor, encoder_sequence: Tensor | None = None,
+        decoder_padding_mask: Tensor | None = None, decoder_attention_mask: Tensor | None = None,
+        encoder_padding_mask: Tensor | None = None, encoder_attention_mask: Tensor | None = None,
         self_attention_cache: Tensor | None = None,
         self_attention_cache_update_index: IntOrTensor | None = None,
         cross_attention_cache: Tensor | None = None,
         cross_attention_cache_update_index: IntOrTensor | None = None,
-        use_causal_mask: bool = True,
-        training: bool | None = None,
+        use_causal_mask: bool = True, training: bool | None = None,
         return_attention_scores: bool = False,
     ):
         self._check_call(

@@ -34,16 +34,9 @@ ENCODER_ARGUMENTS = (
 
 
 def _arguments(
-    vocabulary_size: int,
-    num_layers: int,
-    num_heads: int,
-    hidden_dim: int,
-    intermediate_dim: int,
-    dropout: float = 0.1,
-    max_sequence_length: int = 512,
-    num_segments: int = 2,
-    layer_norm_epsilon: float = 1e-12,
-    initializer_range: float = 0.02,
+    vocabulary_size: int, num_layers: int, num_heads: int, hidden_dim: int, intermediate_dim: int,
+    dropout: float = 0.1, max_sequence_length: int = 512, num_segments: int = 2,
+    layer_norm_epsilon: float = 1e-12, initializer_range: float = 0.02,
 ):
     """`BertEncoder`'s own constructor arguments, before those every model ends
     with (`_model_arguments.ends_with`)."""
@@ -124,10 +117,8 @@ class BertEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         _model_arguments.store_sizes(
             self, num_heads, hidden_dim, intermediate_dim, dropout,
-            vocabulary_size=vocabulary_size,
-            num_layers=num_layers,
-            max_sequence_length=max_sequence_length,
-            num_segments=num_segments,
+            vocabulary_size=vocabulary_size, num_layers=num_layers,
+            max_sequence_length=max_sequence_length, num_segments=num_segments,
         )
         positive = _validation.check_positive_float
         self.layer_norm_epsilon = positive("layer_norm_epsilon", layer_norm_epsilon)

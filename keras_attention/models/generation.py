@@ -220,20 +220,9 @@ class Generator:
         return int(token)
 
     def generate(
-        self,
-        prompt,
-        max_new_tokens,
-        sampling="greedy",
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        seed=None,
-        stop_token_ids=None,
-        prompt_padding_mask=None,
-        pad_token_id=0,
-        context=(),
-        return_scores=False,
-        length_penalty=1.0,
+        self, prompt, max_new_tokens, sampling="greedy", temperature=1.0, top_k=None, top_p=None,
+        seed=None, stop_token_ids=None, prompt_padding_mask=None, pad_token_id=0, context=(),
+        return_scores=False, length_penalty=1.0,
     ):
         """`prompt` int numpy `(B, P)` (checked by the model) continued by
         `max_new_tokens`; the arguments of `GPT.generate`. `context`: numpy

@@ -177,8 +177,7 @@ class GPT(_text_tasks.CausalTextModel, layouts.TensorParallel, keras.Model):
         super().__init__(**kwargs)
         _model_arguments.store_sizes(
             self, num_heads, hidden_dim, intermediate_dim, dropout,
-            vocabulary_size=vocabulary_size,
-            max_sequence_length=max_sequence_length,
+            vocabulary_size=vocabulary_size, max_sequence_length=max_sequence_length,
             num_layers=num_layers,
         )
         self.activation = activation

@@ -178,10 +178,8 @@ class Seq2SeqTransformer(
             self, num_heads, hidden_dim, intermediate_dim, dropout,
             source_vocabulary_size=source_vocabulary_size,
             target_vocabulary_size=target_vocabulary_size,
-            max_source_length=max_source_length,
-            max_target_length=max_target_length,
-            num_encoder_layers=num_encoder_layers,
-            num_decoder_layers=num_decoder_layers,
+            max_source_length=max_source_length, max_target_length=max_target_length,
+            num_encoder_layers=num_encoder_layers, num_decoder_layers=num_decoder_layers,
         )
         self.activation = activation
         self.normalize_first = bool(normalize_first)
@@ -360,21 +358,12 @@ class Seq2SeqTransformer(
         return super().__call__(inputs, *args, **kwargs)
 
     def generate(
-        self,
-        encoder_token_ids: Tensor | dict,
-        max_new_tokens: int | None = None,
-        start_token_id: int | list[int] | None = None,
-        end_token_id: int | None = None,
-        sampling: str = "auto",
-        num_beams: int | None = None,
-        length_penalty: float = 1.0,
-        num_return_sequences: int = 1,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        encoder_padding_mask: Tensor | None = None,
-        return_scores: bool = False,
+        self, encoder_token_ids: Tensor | dict, max_new_tokens: int | None = None,
+        start_token_id: int | list[int] | None = None, end_token_id: int | None = None,
+        sampling: str = "auto", num_beams: int | None = None, length_penalty: float = 1.0,
+        num_return_sequences: int = 1, temperature: float | None = None,
+        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+        encoder_padding_mask: Tensor | None = None, return_scores: bool = False,
         strip_prompt: bool = False,
     ):
         """Translates: target tokens for each source, with the KV caches.

@@ -226,13 +226,8 @@ class TranslationPreprocessor(keras_hub.models.Preprocessor):
         return _text_list(sources), _text_list(targets)
 
     def call(
-        self,
-        x: Any,
-        y: Any = None,
-        sample_weight: Any = None,
-        *,
-        encoder_sequence_length: int | None = None,
-        decoder_sequence_length: int | None = None,
+        self, x: Any, y: Any = None, sample_weight: Any = None, *,
+        encoder_sequence_length: int | None = None, decoder_sequence_length: int | None = None,
     ) -> tuple:
         if sample_weight is not None:
             raise ValueError(
