@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_attention import backend
 from keras_attention import kernels
 from keras_attention.layers.hard_attention import HardAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
@@ -25,12 +26,15 @@ from keras_attention.layers.soft_attention import SoftAttention
 _ATTENTION_LAYERS = (SoftAttention, HardAttention, MultiHeadAttention)
 
 
-def _has_attention(model):
-    if isinstance(model, _ATTENTION_LAYERS):
-        return True
-    return any(
+def _check_has_attention(model):
+    if isinstance(model, _ATTENTION_LAYERS) or any(
         isinstance(layer, _ATTENTION_LAYERS)
         for layer in model._flatten_layers(include_self=False, recursive=True)
+    ):
+        return
+    raise ValueError(
+        "`model` contains no keras_attention attention layer. "
+        f"Received: model={model.name!r}"
     )
 
 
@@ -43,8 +47,10 @@ def capture_attention(model: keras.layers.Layer, *args: Any, **kwargs: Any) -> l
     selections it applied) and `SelfAttention` (recorded as its inner
     `attention` layer). Where a fused kernel ran, the weights are recomputed
     through the explicit kernel from the same projected queries, keys and
-    masks, so they are the weights the kernel used. The call runs eagerly,
-    in inference mode unless `training` is passed.
+    masks, so they are the weights the kernel used. The call runs in
+    inference mode unless `training` is passed; on JAX a built model runs it
+    as one compiled program (eagerly, JAX would compile each of its
+    operations on this first call), elsewhere it runs eagerly.
 
     Args:
         model: a `keras.Model` or layer containing attention layers.
@@ -67,17 +73,24 @@ def capture_attention(model: keras.layers.Layer, *args: Any, **kwargs: Any) -> l
     >>> len(maps), maps[0][0].split("/")[-2], maps[0][1].shape
     (2, 'block_0', (1, 2, 4, 4))
     """
-    if not _has_attention(model):
-        raise ValueError(
-            "`model` contains no keras_attention attention layer. "
-            f"Received: model={model.name!r}"
-        )
     kwargs.setdefault("training", False)
-    with kernels.recording() as records:
-        model(*args, **kwargs)
+    owners = []
+
+    def run():
+        with kernels.recording() as records:
+            model(*args, **kwargs)
+        owners[:] = [layer for layer, _ in records]
+        return [weights for _, weights in records]
+
+    if model.built:
+        _check_has_attention(model)
+        recorded = backend.run_once(run, model.variables)
+    else:  # the call creates the variables and sublayers: eagerly
+        recorded = run()
+        _check_has_attention(model)
     return [
         (layer.path, keras.ops.convert_to_numpy(weights).astype("float32"))
-        for layer, weights in records
+        for layer, weights in zip(owners, recorded)
     ]
 
 

@@ -285,3 +285,60 @@ def test_captures_hard_attention_selections():
     _, _, selection = hard(q, v, return_attention_scores=True)
     np.testing.assert_array_equal(weights[:, 0], harness.to_numpy(selection))
     assert np.all(weights.sum(-1) == 1.0)
+
+
+def test_capture_in_training_draws_as_an_eager_call_and_moves_the_seed_on():
+    from keras_attention.layers import HardAttention
+
+    query = keras.Input((None, 4))
+    value = keras.Input((None, 4))
+    hard = HardAttention(score="dot", selection="sample", seed=3, name="hard")
+    model = keras.Model([query, value], hard(query, value))
+    # Small scores: near-uniform draws, 16 of them over 6 keys.
+    q, v = 0.1 * _normal((2, 8, 4)), _normal((2, 6, 4), seed=1)
+    state = hard.seed_generator.state
+    start = keras.ops.convert_to_numpy(state)
+    [(_, captured)] = capture_attention(model, [q, v], training=True)
+    moved = keras.ops.convert_to_numpy(state)
+    assert not np.array_equal(moved, start)
+    # From the same state an eager call draws the same selections and moves
+    # the state as the capture did (on JAX the capture ran compiled).
+    state.assign(start)
+    _, _, selection = hard(q, v, training=True, return_attention_scores=True)
+    np.testing.assert_array_equal(captured[:, 0], harness.to_numpy(selection))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(state), moved)
+    [(_, again)] = capture_attention(model, [q, v], training=True)
+    assert not np.array_equal(again, captured)
+
+
+def test_capture_of_an_unbuilt_model_equals_that_of_the_built_one():
+    encoder = TransformerEncoderStack(num_layers=N, intermediate_dim=F, num_heads=H)
+    x = _normal((B, T, D))
+    first = capture_attention(encoder, x)  # builds the stack, eagerly
+    assert encoder.built
+    second = capture_attention(encoder, x)  # on JAX, one compiled program
+    assert [name for name, _ in first] == [name for name, _ in second]
+    for (name, a), (_, b) in zip(first, second):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_capture_runs_a_built_model_compiled_on_jax_and_eagerly_elsewhere():
+    seen = []
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            seen.append(x)
+            return x
+
+    query = keras.Input((None, 4))
+    probed = Probe()(query)
+    model = keras.Model(query, TransformerEncoderStack(1, F, 2)(probed))
+    x = _normal((1, 3, 4))
+    seen.clear()
+    capture_attention(model, x)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        assert isinstance(seen[-1], jax.core.Tracer)
+    else:
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(seen[-1]), x)

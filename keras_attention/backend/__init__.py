@@ -205,6 +205,16 @@ def compile_decoding(loop, variables):
     return _primitive("compile_decoding")(loop, variables)
 
 
+def run_once(function, variables):
+    """`function()`, a computation that reads `variables` (a model's), run
+    once in the backend's quickest way for a single call: on JAX as one
+    compiled program (eagerly, JAX compiles each operation on its first
+    call, some hundreds for a small model), elsewhere eagerly. What the
+    function assigns to `variables` (a seed generator's state) is kept, as
+    eagerly. Returns its outputs, tensors."""
+    return _primitive("run_once")(function, variables)
+
+
 __all__ = [
     "after",
     "Preferences",
@@ -220,6 +230,7 @@ __all__ = [
     "kernel_dtype",
     "linear",
     "preferences",
+    "run_once",
     "stateless_uniform",
     "unless_nonfinite",
     "when_finite",

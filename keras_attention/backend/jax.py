@@ -114,3 +114,23 @@ def compile_decoding(loop, variables):
         return np.array(outputs)
 
     return function
+
+
+def run_once(function, variables):
+    """One `jax.jit` of `function` as a pure function of the variables'
+    values; the values it assigns are assigned after the call."""
+    variables = list(variables)
+
+    @jax.jit
+    def stateless(values):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            before = [scope.get_current_value(v) for v in variables]
+            outputs = function()
+            after = [scope.get_current_value(v) for v in variables]
+        return outputs, [new if new is not old else None for new, old in zip(after, before)]
+
+    outputs, assigned = stateless([v.value for v in variables])
+    for variable, value in zip(variables, assigned):
+        if value is not None:
+            variable.assign(value)
+    return outputs

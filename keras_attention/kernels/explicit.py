@@ -62,7 +62,7 @@ def masked_softmax(scores, mask=None, axis=-1):
     Example:
 
     >>> import numpy as np
-    >>> w = masked_softmax(np.zeros((2, 3)), np.array([[1, 1, 0], [0, 0, 0]]))
+    >>> w = masked_softmax(np.zeros((2, 3), "float32"), np.array([[1, 1, 0], [0, 0, 0]]))
     >>> np.asarray(w)
     array([[0.5, 0.5, 0. ],
            [0. , 0. , 0. ]], dtype=float32)

@@ -202,7 +202,8 @@ class Attention(SoftAttention):
         >>> q = np.random.rand(1, 3, 4).astype("float32")
         >>> _ = peer([q, q])
         >>> ours = Attention.from_keras(peer)
-        >>> bool(np.allclose(ours([q, q]), peer([q, q]), atol=1e-5))
+        >>> to_numpy = keras.ops.convert_to_numpy
+        >>> bool(np.allclose(to_numpy(ours([q, q])), to_numpy(peer([q, q])), atol=1e-5))
         True
         """
         return _keras_interop.from_keras_attention(cls, layer)

@@ -95,14 +95,16 @@ class TensorParallel:
         split along `model_parallel_dim_name` (Megatron-style; the weight
         paths and their shardings are listed in `keras_attention.models.layouts`),
         biases and norms replicated. The heads (and the widths split) must
-        be divisible by that axis's size.
+        be divisible by that axis's size. For instance, on 8 devices:
 
-        >>> mesh = keras.distribution.DeviceMesh(
-        ...     (2, 4), ("batch", "model"), keras.distribution.list_devices())
-        >>> distribution = keras.distribution.ModelParallel(
-        ...     layout_map=GPT.get_layout_map(mesh), batch_dim_name="batch")
-        >>> with distribution.scope():
-        ...     model = GPT(...)  # or Seq2SeqTransformer, BertMaskedLM
+        ```python
+        mesh = keras.distribution.DeviceMesh(
+            (2, 4), ("batch", "model"), keras.distribution.list_devices())
+        distribution = keras.distribution.ModelParallel(
+            layout_map=GPT.get_layout_map(mesh), batch_dim_name="batch")
+        with distribution.scope():
+            model = GPT(...)  # or Seq2SeqTransformer, BertMaskedLM
+        ```
 
         Args:
             device_mesh: a `keras.distribution.DeviceMesh`.

@@ -36,11 +36,11 @@ class Concat(FeatureWiseScorer):
 
     Example:
 
-    >>> import numpy as np
+    >>> import keras, numpy as np
     >>> query = np.zeros((1, 1, 2), "float32")
     >>> key = np.ones((1, 3, 2), "float32")
     >>> scores = Concat()(query, key)  # (1, 1, 3)
-    >>> round(float(scores[0, 0, 2]), 4)  # 2 tanh(1)
+    >>> round(float(keras.ops.convert_to_numpy(scores)[0, 0, 2]), 4)  # 2 tanh(1)
     1.5232
 
     References:

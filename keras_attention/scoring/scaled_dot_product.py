@@ -32,7 +32,7 @@ class ScaledDotProduct(Scorer):
 
     >>> import numpy as np
     >>> q = np.ones((1, 2, 4), "float32")
-    >>> np.asarray(ScaledDotProduct()(q, q))[0, 0, 0]
+    >>> float(np.asarray(ScaledDotProduct()(q, q))[0, 0, 0])
     2.0
 
     References:
