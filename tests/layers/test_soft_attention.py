@@ -357,14 +357,10 @@ def test_training_through_fully_masked_rows_keeps_weights_finite(score):
     output = keras.layers.Dense(2)(layer(q, v_in, key=k_in, value_mask=m_in))
     model = keras.Model([q_in, k_in, v_in, m_in], output)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    before = [harness.to_numpy(w).copy() for w in model.trainable_weights]
     target = np.ones((2, 3, 2), "float32")
-    loss = model.train_on_batch([query, key, value, value_mask], target)
+    with harness.trains_every_weight(model):
+        loss = model.train_on_batch([query, key, value, value_mask], target)
     assert np.isfinite(loss)
-    after = [harness.to_numpy(w) for w in model.trainable_weights]
-    for weight, b, a in zip(model.trainable_weights, before, after):
-        assert np.all(np.isfinite(a)), weight.path
-        assert not np.array_equal(a, b), f"{weight.path} did not train"
     predicted = harness.to_numpy(model([query, key, value, value_mask]))
     assert np.all(np.isfinite(predicted))
     # Example 1 attends to nothing: the head sees zeros and returns its bias.

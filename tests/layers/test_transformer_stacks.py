@@ -829,16 +829,9 @@ def test_model_of_every_layer_at_several_lengths_and_fit_on_tf_data(saved):
         optimizer=keras.optimizers.SGD(0.05),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
     )
-    before = [harness.to_numpy(w).copy() for w in model.trainable_weights]
-    history = model.fit(dataset, epochs=1, shuffle=False, verbose=0)
+    with harness.trains_every_weight(model, unless=("key/bias",)):
+        history = model.fit(dataset, epochs=1, shuffle=False, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    after = [harness.to_numpy(w) for w in model.trainable_weights]
-    for variable, b, a in zip(model.trainable_weights, before, after):
-        assert np.all(np.isfinite(a)), variable.path
-        # Softmax ignores what the key bias adds to every score of a row,
-        # so its gradient is 0 (up to rounding).
-        if not variable.path.endswith("key/bias"):
-            assert not np.array_equal(b, a), f"{variable.path} did not train"
 
 
 # The saved model in fresh processes.

@@ -798,13 +798,9 @@ def test_fit_on_tf_data_trains_every_weight_and_lowers_the_loss():
     )
     gpt.build((None, None))
     dataset = _counting_dataset()  # one batch: one step per epoch
-    before = [harness.to_numpy(w).copy() for w in gpt.trainable_weights]
-    assert len(before) == len(gpt.weights)
-    first = gpt.fit(dataset, epochs=1, verbose=0).history["loss"]
-    after = [harness.to_numpy(w) for w in gpt.trainable_weights]
-    for w, b, a in zip(gpt.trainable_weights, before, after):
-        assert np.all(np.isfinite(a)), w.path
-        assert not np.array_equal(b, a), f"{w.path} did not train"
+    assert len(gpt.trainable_weights) == len(gpt.weights)
+    with harness.trains_every_weight(gpt, unless=("key/bias",)):
+        first = gpt.fit(dataset, epochs=1, verbose=0).history["loss"]
     losses = first + gpt.fit(dataset, epochs=5, verbose=0).history["loss"]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < losses[0] - 0.2, losses

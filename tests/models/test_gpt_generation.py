@@ -285,15 +285,13 @@ def test_a_model_that_generates_before_it_is_built_trains_afterwards(sampling):
     assert not model.built
     options = {"top_k": 2, "seed": 1} if sampling == "top_k" else {}
     model.generate(PROMPTS, NEW, sampling=sampling, **options)
-    before = [np.array(w) for w in model.get_weights()]
     model.compile(
         optimizer=keras.optimizers.SGD(0.1),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     ids = np.random.default_rng(0).integers(0, V, (4, MAX_LENGTH + 1)).astype("int32")
-    losses = [float(model.train_on_batch(ids[:, :-1], ids[:, 1:])) for _ in range(3)]
+    with harness.trains_every_weight(model, unless=("key/bias",)):
+        losses = [float(model.train_on_batch(ids[:, :-1], ids[:, 1:])) for _ in range(3)]
     assert losses[-1] < losses[0]
-    after = model.get_weights()
-    assert all(not np.array_equal(b, a) for b, a in zip(before, after))
     # And decoding still works on the trained weights.
     assert model.generate(PROMPTS, NEW).shape == (2, PROMPTS.shape[1] + NEW)
