@@ -49,8 +49,9 @@ def capture_attention(model: keras.layers.Layer, *args: Any, **kwargs: Any) -> l
     through the explicit kernel from the same projected queries, keys and
     masks, so they are the weights the kernel used. The call runs in
     inference mode unless `training` is passed; on JAX a built model runs it
-    as one compiled program (eagerly, JAX would compile each of its
-    operations on this first call), elsewhere it runs eagerly.
+    as one program compiled for the call (eagerly, JAX would compile each of
+    its operations anew for every new input shape), elsewhere it runs
+    eagerly. Inputs of one shape are best captured as one batch.
 
     Args:
         model: a `keras.Model` or layer containing attention layers.

@@ -234,7 +234,9 @@ class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Mo
             inputs["segment_ids"] = np.asarray(segment_ids, "int32")
         if padding_mask is not None:
             inputs["padding_mask"] = np.asarray(padding_mask).astype(bool)
-        logits = keras.ops.convert_to_numpy(self(inputs, training=False)).astype("float64")
+        # Keras's compiled prediction, kept per input shape: on JAX an eager
+        # call compiles each operation for every new shape.
+        logits = np.asarray(self.predict_on_batch(inputs), "float64")
         logits -= logits.max(axis=-1, keepdims=True)
         probabilities = np.exp(logits)
         probabilities /= probabilities.sum(axis=-1, keepdims=True)  # (B, M, V)

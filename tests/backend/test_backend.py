@@ -128,6 +128,30 @@ def test_compiled_decoding_computes_the_loop():
         np.testing.assert_allclose(sums, (x @ w).sum(axis=1), rtol=1e-4, atol=1e-4)
 
 
+def test_run_once_reads_the_variables_and_keeps_what_it_assigns():
+    """`run_once` computes the function with the variables' current values
+    and leaves each variable it assigns holding the assigned value, the
+    others untouched, as an eager call would (on JAX: one compiled call)."""
+    x = _normal((4, 8))
+    kernel = keras.Variable(_normal((8, 3), 1))
+    counter = keras.Variable(np.float32(2.0))
+    untouched = keras.Variable(_normal((3,), 2))
+
+    def function():
+        counter.assign(counter * 3.0)
+        return keras.ops.matmul(x, kernel) + untouched, counter + 1.0
+
+    product, count = backend.run_once(function, [kernel, counter, untouched])
+    expected = x @ harness.to_numpy(kernel) + harness.to_numpy(untouched)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(product), expected, rtol=1e-5, atol=1e-5)
+    assert float(keras.ops.convert_to_numpy(count)) == 7.0  # read after the assignment
+    assert float(keras.ops.convert_to_numpy(counter)) == 6.0
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(untouched), _normal((3,), 2))
+    # The next call reads the value the first one left.
+    backend.run_once(function, [kernel, counter, untouched])
+    assert float(keras.ops.convert_to_numpy(counter)) == 18.0
+
+
 def test_preferences_are_declared_per_backend():
     preferences = backend.preferences()
     assert isinstance(preferences, backend.Preferences)
