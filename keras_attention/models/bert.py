@@ -234,8 +234,10 @@ class BertMaskedLM(_text_tasks.MaskedTextModel, layouts.TensorParallel, keras.Mo
             inputs["segment_ids"] = np.asarray(segment_ids, "int32")
         if padding_mask is not None:
             inputs["padding_mask"] = np.asarray(padding_mask).astype(bool)
-        # Keras's compiled prediction, kept per input shape: on JAX an eager
-        # call compiles each operation for every new shape.
+        # The call's checks of the ids, which a traced call cannot make; then
+        # Keras's compiled prediction, kept per input shape (on JAX an eager
+        # call compiles each operation for every new shape).
+        self.encoder.check_inputs(inputs)
         logits = np.asarray(self.predict_on_batch(inputs), "float64")
         logits -= logits.max(axis=-1, keepdims=True)
         probabilities = np.exp(logits)

@@ -262,6 +262,11 @@ def test_fill_mask_returns_the_top_tokens_and_probabilities(model):
         model.fill_mask(np.array([[5, 6], [MASK_ID, 7]]), MASK_ID)
     with pytest.raises(ValueError, match=r"`top_k` must be an int in \[1, 37\]"):
         model.fill_mask(ids, MASK_ID, top_k=0)
+    # The model's own checks of the ids, on the built model's compiled path.
+    with pytest.raises(ValueError, match=r"`token_ids` must hold ids in \[0, 37\)\. Received: an id 37"):
+        model.fill_mask(np.array([[5, MASK_ID, V]]), MASK_ID)
+    with pytest.raises(ValueError, match=r"longer than max_sequence_length=12\. Received: length 13"):
+        model.fill_mask(np.full((1, MAX_T + 1), MASK_ID), MASK_ID)
 
 
 # Fine-tuning.
