@@ -13,9 +13,9 @@ PACKAGE = pathlib.Path(keras_attention.__file__).parent
 
 
 def _examples():
-    """`(id, doctest)` for every docstring with `>>>` lines, module by
-    module; only modules whose text has examples are imported (the backend
-    modules of other backends are not)."""
+    """A `pytest.param` of the doctest of every docstring with `>>>` lines,
+    named after it; only modules whose text has examples are imported (the
+    backend modules of other backends are not)."""
     finder = doctest.DocTestFinder()
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
