@@ -123,12 +123,14 @@ def input_gradients(fn, inputs, cotangent, jit=False):
 
 
 @contextlib.contextmanager
-def trains_every_weight(layer, unless=()):
+def trains_every_weight(layer, unless=(), rtol=0.0, atol=0.0):
     """Asserts that what runs inside the `with` leaves every trainable weight
-    of `layer` finite and changed, but those whose path ends with a name in
-    `unless`: a weight whose gradient is 0 (the key bias, which softmax
-    ignores: it adds the same to every score of a row) moves by rounding
-    alone, which an optimizer like Adam scales up to a full step."""
+    of `layer` finite and changed (not `np.allclose` to its value before,
+    with `rtol` and `atol`: by default, any change), but those whose path
+    ends with a name in `unless`: a weight whose gradient is 0 (the key
+    bias, which softmax ignores: it adds the same to every score of a row)
+    moves by rounding alone, which an optimizer like Adam scales up to a
+    full step."""
     weights = list(layer.trainable_weights)
     assert weights, f"{layer.name} has no trainable weights"
     before = [to_numpy(w).copy() for w in weights]
@@ -137,7 +139,7 @@ def trains_every_weight(layer, unless=()):
         new = to_numpy(weight)
         assert np.all(np.isfinite(new)), weight.path
         if not weight.path.endswith(tuple(unless)):
-            assert not np.array_equal(old, new), f"{weight.path} did not train"
+            assert not np.allclose(old, new, rtol=rtol, atol=atol), f"{weight.path} did not train"
 
 
 def _flat(outputs):
