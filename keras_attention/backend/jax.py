@@ -96,18 +96,39 @@ def stateless_uniform(like, seed, step):
     return jax.random.uniform(key, like.shape, minval=1e-12, maxval=1.0)
 
 
-def compile_decoding(loop, variables):
-    """`jax.jit` of the loop as a pure function of the variables' values,
-    returning numpy arrays."""
+def _stateless_jit(function, variables):
+    """`function(*args)` as one `jax.jit` of a pure function of the
+    variables' values: a callable of `args` that passes their current values
+    and assigns, after the call, the values the function assigned."""
     variables = list(variables)
 
     @jax.jit
     def stateless(values, *args):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-            return loop(*args)
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            before = [scope.get_current_value(v) for v in variables]
+            outputs = function(*args)
+            after = [scope.get_current_value(v) for v in variables]
+        # Only what changed comes back: an output of each unchanged variable
+        # would be a copy of it at every call.
+        return outputs, [new if new is not old else None for new, old in zip(after, before)]
+
+    def call(*args):
+        outputs, assigned = stateless([v.value for v in variables], *args)
+        for variable, value in zip(variables, assigned):
+            if value is not None:
+                variable.assign(value)
+        return outputs
+
+    return call
+
+
+def compile_decoding(loop, variables):
+    """The loop as one `jax.jit` (`_stateless_jit`), returning numpy
+    arrays."""
+    compiled = _stateless_jit(loop, variables)
 
     def function(*args):
-        outputs = stateless([v.value for v in variables], *args)
+        outputs = compiled(*args)
         # `np.array` also waits for the asynchronous dispatch.
         if isinstance(outputs, tuple):
             return tuple(np.array(output) for output in outputs)
@@ -117,20 +138,5 @@ def compile_decoding(loop, variables):
 
 
 def run_once(function, variables):
-    """One `jax.jit` of `function` as a pure function of the variables'
-    values; the values it assigns are assigned after the call."""
-    variables = list(variables)
-
-    @jax.jit
-    def stateless(values):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
-            before = [scope.get_current_value(v) for v in variables]
-            outputs = function()
-            after = [scope.get_current_value(v) for v in variables]
-        return outputs, [new if new is not old else None for new, old in zip(after, before)]
-
-    outputs, assigned = stateless([v.value for v in variables])
-    for variable, value in zip(variables, assigned):
-        if value is not None:
-            variable.assign(value)
-    return outputs
+    """`function()` as one `jax.jit` (`_stateless_jit`)."""
+    return _stateless_jit(function, variables)()
