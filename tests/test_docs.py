@@ -27,7 +27,8 @@ def _run_blocks(path):
     return namespace
 
 
-def test_guide_code_runs_in_order():
+def test_guide_code_runs_in_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the guide saves a picture where it runs
     text = (DOCS / "guide.md").read_text(encoding="utf-8")
     # The concepts in the order the guide promises.
     headings = re.findall(r"^## \d+\. (.+)$", text, re.MULTILINE)
@@ -39,6 +40,10 @@ def test_guide_code_runs_in_order():
     namespace = _run_blocks(DOCS / "guide.md")
     history = namespace["history"].history["loss"]
     assert history[-1] < history[0]
+    # The GPT's one block's maps, drawn one panel per head (and the colour bar).
+    assert [name for name, _ in namespace["maps"]] == ["gpt/decoder/block_0/self_attention"]
+    assert len(namespace["figure"].axes) == 2 + 1
+    assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_text_page_code_runs():
