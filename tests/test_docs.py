@@ -41,7 +41,9 @@ def test_guide_code_runs_in_order(tmp_path, monkeypatch):
     history = namespace["history"].history["loss"]
     assert history[-1] < history[0]
     # The GPT's one block's maps, drawn one panel per head (and the colour bar).
-    assert [name for name, _ in namespace["maps"]] == ["gpt/decoder/block_0/self_attention"]
+    # (The model's name is "gpt" in a fresh process, "gpt_<n>" after other GPTs.)
+    gpt_name = namespace["gpt"].name
+    assert [name for name, _ in namespace["maps"]] == [f"{gpt_name}/decoder/block_0/self_attention"]
     assert len(namespace["figure"].axes) == 2 + 1
     assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
