@@ -73,6 +73,10 @@ def concrete_value(value):
     """
     import keras
 
+    from keras_attention import backend
+
+    if backend.compiling():
+        return None  # numpy arrays too: `torch.compile` traces them
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
         return np.asarray(value)
     if keras.backend.is_keras_tensor(value):

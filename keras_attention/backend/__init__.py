@@ -151,11 +151,27 @@ def all_finite(*tensors):
     return _primitive("all_finite")(*tensors)
 
 
+def compiling():
+    """True while `torch.compile` traces the running code: its tensors then
+    convert to numpy as traced values, not known ones (JAX and TensorFlow
+    raise when asked for a traced value instead)."""
+    return _primitive("compiling")()
+
+
 def dropout(x, rate, seed):
     """`keras.random.dropout(x, rate, seed=seed)`, or the backend's faster
     draw of the same distribution (torch). A `SeedGenerator` seed advances
     once per call on every backend, so seeded runs repeat and resume."""
     return _primitive("dropout")(x, rate, seed)
+
+
+def fused_attention(q, k, v, mask, scale, is_causal):
+    """The backend's fused attention kernel on `(B, T, H, K)` heads (`k`,
+    `v` with `G` heads dividing `H`), a boolean `mask` `(B|1, H|1, T, S)`
+    or None, every row of which sees a key: `(B, T, H, V)`; or None where
+    Keras's `ops.dot_product_attention` is the one to run (the caller then
+    runs it)."""
+    return _primitive("fused_attention")(q, k, v, mask, scale, is_causal)
 
 
 def dropout_attention(q, k, v, mask, scale, is_causal, rate, seed):
@@ -219,12 +235,14 @@ __all__ = [
     "after",
     "Preferences",
     "all_finite",
+    "compiling",
     "argmax",
     "compile_decoding",
     "current",
     "custom_vjp",
     "dense",
     "fori_loop",
+    "fused_attention",
     "dropout",
     "dropout_attention",
     "kernel_dtype",

@@ -1,12 +1,18 @@
 """Torch: fused SDPA, projections as `linear`, dropout drawn in torch.
 
 Torch keeps its own fused kernel (`scaled_dot_product_attention`, flash or
-memory-efficient on CPU, so no query chunks); a projection is one
-`torch.nn.functional.linear` with the bias inside the GEMM.
+memory-efficient on CPU, so no query chunks), called on the heads as views
+(`fused_attention`); a projection is one `torch.nn.functional.linear` with
+the bias inside the GEMM.
 
 In training, attention with dropout on the weights runs in the same fused
 kernel, given `dropout_p` (`dropout_attention`), which Keras's
-`ops.dot_product_attention` cannot pass. Dropout masks elsewhere are drawn
+`ops.dot_product_attention` cannot pass.
+
+Under `torch.compile` the non-finite guards run their guarded computation
+(no data-dependent branch) and values are not read back, so that Dynamo
+traces a model's call as one graph; the seeded dropout draws are the one
+cut (`torch.Generator` is not traceable, as in Keras's own dropout). Dropout masks elsewhere are drawn
 as `random_` int32 words compared with a threshold instead of `bernoulli_`
 (`dropout`). Both are seeded from the layer's `SeedGenerator` as Keras seeds
 its own torch dropout, so seeded runs repeat and resume.
@@ -128,11 +134,18 @@ def all_finite(*tensors):
     return bool(torch.isfinite(total))
 
 
+def compiling():
+    return torch.compiler.is_compiling()
+
+
 def when_finite(inputs, attempt, recompute):
     # Eager: one branch runs, chosen by the sum `all_finite` reads back.
+    # Under `torch.compile` (or on meta tensors) the guarded computation, as
+    # in `unless_nonfinite`: `keras.ops.cond` makes a new named operation at
+    # every call, on whose name Dynamo recompiled the step until its limit.
     finite = all_finite(*inputs)
     if finite is None:
-        return common.when_finite(inputs, attempt, recompute)
+        return recompute()
     return attempt() if finite else recompute()
 
 
@@ -179,6 +192,16 @@ def dropout(x, rate, seed):
     return x * (noise if noise.dtype == x.dtype else noise.to(x.dtype))
 
 
+def fused_attention(q, k, v, mask, scale, is_causal):
+    """Torch's `scaled_dot_product_attention` on the `(B, T, H, K)` heads as
+    views, the boolean mask as it is. Keras's `ops.dot_product_attention`
+    on torch copies the heads contiguous, turns the mask into additive
+    floats and asks for the flash kernel through a `SDPAParams` object at
+    every call, which `torch.compile` cannot trace (a graph break at every
+    attention layer); torch picks its kernel itself."""
+    return _sdpa(q, k, v, mask, scale, is_causal, 0.0)
+
+
 @torch.compiler.disable()  # the default generator's state is swapped (not traceable)
 def dropout_attention(q, k, v, mask, scale, is_causal, rate, seed):
     """Torch's fused `scaled_dot_product_attention` with `dropout_p`: on a
@@ -196,22 +219,26 @@ def dropout_attention(q, k, v, mask, scale, is_causal, rate, seed):
     seed and offset they ran with. Without a seed SDPA draws from the
     global stream, as Keras's unseeded torch dropout does.
     """
-    q, k, v = (ops.convert_to_tensor(x) for x in (q, k, v))
+    with _seeded_default_generator(seed, _tensor(q).device):
+        return _sdpa(q, k, v, mask, scale, is_causal, rate)
+
+
+def _sdpa(q, k, v, mask, scale, is_causal, rate):
+    q, k, v = (_tensor(x) for x in (q, k, v))
     heads, groups = q.shape[2], k.shape[2]
     q = q.transpose(1, 2)  # (B, H, T, K)
     k = k.transpose(1, 2)  # (B, G, S, K)
     v = v.transpose(1, 2)  # (B, G, S, V)
     if groups != heads:
-        # Repeated as Keras's fused torch kernel repeats them (the fused row),
-        # rather than `enable_gqa=True`, which not every SDPA kernel takes.
+        # Repeated rather than `enable_gqa=True`, which not every SDPA
+        # kernel takes.
         k = k.repeat_interleave(heads // groups, dim=1)  # (B, H, S, K)
         v = v.repeat_interleave(heads // groups, dim=1)  # (B, H, S, V)
     if mask is not None:
-        mask = ops.convert_to_tensor(mask).bool()  # (B|1, H|1, T, S)
-    with _seeded_default_generator(seed, q.device):
-        output = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=rate, is_causal=is_causal, scale=scale
-        )  # (B, H, T, V)
+        mask = _tensor(mask).bool()  # (B|1, H|1, T, S)
+    output = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=rate, is_causal=is_causal, scale=scale
+    )  # (B, H, T, V)
     return output.transpose(1, 2)  # (B, T, H, V)
 
 

@@ -19,7 +19,11 @@ from keras_attention.kernels.chunked import chunked_attention
 
 
 def _backend_kernel(q, k, v, mask, scale, is_causal=False):
-    """Keras's `ops.dot_product_attention` (the backend's fused kernel)."""
+    """The backend's fused kernel: its own call where it has one, else
+    Keras's `ops.dot_product_attention`."""
+    output = backend.fused_attention(q, k, v, mask, scale, is_causal)
+    if output is not None:
+        return output
     heads, groups = q.shape[2], k.shape[2]
     if backend.preferences().repeat_single_key_value_head and groups == 1 < heads:
         # Keras's TensorFlow kernel repeats key/value heads only for G > 1.
@@ -117,7 +121,7 @@ def attend(choice, q, k, v, mask, scale, is_causal, dropout=None):
             # at or before it: O(T), where the causal matrix would be O(T S).
             query_length, key_length = ops.shape(q)[1], ops.shape(k)[1]
             keys = ops.arange(key_length)
-            first_bad = ops.min(ops.where(bad, keys[None], key_length), axis=-1)  # (B,)
+            first_bad = ops.amin(ops.where(bad, keys[None], key_length), axis=-1)  # (B,)
             queries = ops.arange(query_length) + (key_length - query_length)
             sees_bad = (queries[None] >= first_bad[:, None])[:, :, None, None]  # (B, T, 1, 1)
         elif mask is None:
