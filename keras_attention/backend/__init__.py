@@ -158,6 +158,13 @@ def compiling():
     return _primitive("compiling")()
 
 
+def constant(values, dtype, like):
+    """The Python numbers `values` (a flat sequence) as a tensor of `dtype`
+    on `like`'s device; under `torch.compile` a constant of the graph, where
+    a numpy array would be traced as an input."""
+    return _primitive("constant")(values, dtype, like)
+
+
 def dropout(x, rate, seed):
     """`keras.random.dropout(x, rate, seed=seed)`, or the backend's faster
     draw of the same distribution (torch). A `SeedGenerator` seed advances
@@ -236,6 +243,7 @@ __all__ = [
     "Preferences",
     "all_finite",
     "compiling",
+    "constant",
     "argmax",
     "compile_decoding",
     "current",

@@ -8,6 +8,7 @@ as they are.
 import dataclasses
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -209,6 +210,10 @@ def all_finite(*tensors):
 
 def compiling():
     return False
+
+
+def constant(values, dtype, like):
+    return ops.convert_to_tensor(np.asarray(values, dtype))
 
 
 def dropout(x, rate, seed):

@@ -7,15 +7,15 @@ the bias inside the GEMM.
 
 In training, attention with dropout on the weights runs in the same fused
 kernel, given `dropout_p` (`dropout_attention`), which Keras's
-`ops.dot_product_attention` cannot pass.
+`ops.dot_product_attention` cannot pass. Dropout masks elsewhere are drawn
+as `random_` int32 words compared with a threshold instead of `bernoulli_`
+(`dropout`). Both are seeded from the layer's `SeedGenerator` as Keras seeds
+its own torch dropout, so seeded runs repeat and resume.
 
 Under `torch.compile` the non-finite guards run their guarded computation
 (no data-dependent branch) and values are not read back, so that Dynamo
 traces a model's call as one graph; the seeded dropout draws are the one
-cut (`torch.Generator` is not traceable, as in Keras's own dropout). Dropout masks elsewhere are drawn
-as `random_` int32 words compared with a threshold instead of `bernoulli_`
-(`dropout`). Both are seeded from the layer's `SeedGenerator` as Keras seeds
-its own torch dropout, so seeded runs repeat and resume.
+cut (`torch.Generator` is not traceable, as in Keras's own dropout).
 
 Torch runs a model eagerly: decoding loops run as Python loops without
 autograd over the layers' own calls, straight to `call` where Keras's
@@ -136,6 +136,10 @@ def all_finite(*tensors):
 
 def compiling():
     return torch.compiler.is_compiling()
+
+
+def constant(values, dtype, like):
+    return torch.tensor(values, dtype=getattr(torch, dtype), device=_tensor(like).device)
 
 
 def when_finite(inputs, attempt, recompute):

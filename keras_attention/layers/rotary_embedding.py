@@ -9,7 +9,6 @@ import numbers
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention import _docs
@@ -203,10 +202,10 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         `(B|1, T, 1, .., D)` each."""
         if len(positions.shape) == 1:
             positions = positions[None]  # (1, T)
-        # On the backend's device: torch will not multiply a GPU tensor by a
-        # numpy array.
-        inverse_frequency = ops.convert_to_tensor(
-            self._inverse_frequency(x.shape[-1]).astype("float32")
+        # On the inputs' device: torch will not multiply a GPU tensor by a
+        # host array.
+        inverse_frequency = backend.constant(
+            tuple(self._inverse_frequency(x.shape[-1])), "float32", x
         )  # (D/2,)
         angles = positions[..., None] * inverse_frequency  # (B|1, T, D/2)
         cos, sin = ops.cos(angles), ops.sin(angles)
@@ -219,21 +218,22 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         return cos[expand], sin[expand]  # (B|1, T, 1, .., D)
 
     def _inverse_frequency(self, head_dim):
-        """The `D/2` angular frequencies, float64 (numpy)."""
-        exponents = np.arange(0, head_dim, 2) / (self.denominator_dim or head_dim)
-        inverse = np.power(float(self.max_wavelength), -exponents)  # (D/2,)
+        """The `D/2` angular frequencies, Python floats (float64; not numpy,
+        `backend.constant`)."""
+        denominator = self.denominator_dim or head_dim
+        base = float(self.max_wavelength)
+        inverse = [base ** -(column / denominator) for column in range(0, head_dim, 2)]
         scale = float(self.scaling_factor)
         if self.rope_type == "linear":
-            return inverse / scale
+            return [frequency / scale for frequency in inverse]
         if self.rope_type == "dynamic":
-            return inverse / scale ** (head_dim / max(1, head_dim - 2))
+            scale = scale ** (head_dim / max(1, head_dim - 2))
+            return [frequency / scale for frequency in inverse]
         return self._yarn_inverse_frequency(head_dim)
 
     def _yarn_inverse_frequency(self, head_dim):
         """YaRN's frequencies (Peng et al., 2023, section 3.2)."""
         base = float(self.max_wavelength)
-        extrapolated = np.power(base, -np.arange(0, head_dim, 2) / head_dim)
-        interpolated = extrapolated / float(self.scaling_factor)
 
         def dimension(rotations):
             # The dimension whose wavelength fits `rotations` turns into the
@@ -245,10 +245,13 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         if self.truncate:
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0.0), min(high, head_dim - 1.0)
-        ramp = np.clip(
-            (np.arange(head_dim // 2) - low) / max(high - low, 0.001), 0.0, 1.0
-        )
-        return interpolated * ramp + extrapolated * (1.0 - ramp)
+        frequencies = []
+        for index in range(head_dim // 2):
+            extrapolated = base ** -(2 * index / head_dim)
+            interpolated = extrapolated / float(self.scaling_factor)
+            ramp = min(max((index - low) / max(high - low, 0.001), 0.0), 1.0)
+            frequencies.append(interpolated * ramp + extrapolated * (1.0 - ramp))
+        return frequencies
 
     def _check_inputs(self, inputs_shape, start_index, positions):
         """Checks the inputs; returns the sequence and feature axes, >= 0."""

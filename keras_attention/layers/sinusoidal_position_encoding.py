@@ -3,14 +3,15 @@
 Shape legend: `B` batch, `T` sequence length, `D` model width.
 """
 
+import functools
 import numbers
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention import _docs
+from keras_attention import backend
 from keras_attention import _validation
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
@@ -107,18 +108,23 @@ def sinusoidal_table(positions, dim, max_wavelength):
     Returns `(..., T, dim)` float32, sines in the even columns and cosines in
     the odd ones.
     """
-    columns = np.arange(dim)
-    # Columns 2i and 2i + 1 share the frequency max_wavelength ** (-2i / D);
-    # the exponent is computed in float64 so that only the product rounds.
-    inverse_frequency = np.power(
-        float(max_wavelength), -(2 * (columns // 2)) / dim
-    ).astype("float32")
-    # A tensor on the backend's device: torch will not multiply a GPU tensor
-    # by a numpy array.
-    inverse_frequency = ops.convert_to_tensor(inverse_frequency)  # (D,)
+    frequencies, is_sine = _columns(dim, float(max_wavelength))
+    # Tensors on the positions' device: torch will not multiply a GPU tensor
+    # by a host array.
+    inverse_frequency = backend.constant(frequencies, "float32", positions)  # (D,)
     angles = ops.expand_dims(positions, -1) * inverse_frequency  # (..., T, D)
-    is_sine = ops.convert_to_tensor(columns % 2 == 0)  # (D,)
+    is_sine = backend.constant(is_sine, "bool", positions)  # (D,)
     return ops.where(is_sine, ops.sin(angles), ops.cos(angles))  # (..., T, D)
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(dim, max_wavelength):
+    """Each column's frequency and whether it is a sine: columns 2i and
+    2i + 1 share max_wavelength ** (-2i / D), computed in float64 so that
+    only the product with the positions rounds. Python numbers, not numpy
+    (`backend.constant`)."""
+    frequencies = tuple(max_wavelength ** (-(2 * (column // 2)) / dim) for column in range(dim))
+    return frequencies, tuple(column % 2 == 0 for column in range(dim))
 
 
 def broadcast_rows(rows, inputs):

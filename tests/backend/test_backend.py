@@ -225,3 +225,17 @@ def test_cast_returns_a_tensor_already_in_the_dtype_and_casts_otherwise():
     half = backend.cast(x, "float16")
     assert keras.backend.standardize_dtype(half.dtype) == "float16"
     np.testing.assert_array_equal(harness.to_numpy(half), np.array([1.5, -2.25], "float16"))
+
+
+def test_constant_holds_the_numbers_in_the_dtype_beside_the_tensor_given():
+    like = keras.ops.convert_to_tensor(np.zeros(3, "float32"))
+    values = (1.0 / 3.0, 2.0**-20, 1e10)
+    got = backend.constant(values, "float32", like)
+    assert keras.backend.standardize_dtype(got.dtype) == "float32"
+    # Rounded once, from the float64 numbers, as numpy rounds them.
+    np.testing.assert_array_equal(harness.to_numpy(got), np.asarray(values, "float32"))
+    flags = backend.constant((True, False), "bool", like)
+    np.testing.assert_array_equal(harness.to_numpy(flags), [True, False])
+    if BACKEND == "torch":
+        assert got.device == like.device
+    assert backend.compiling() is False  # eagerly; tests/models/test_torch_compile.py traces

@@ -456,7 +456,7 @@ class _ShiftedRotary(RotaryEmbedding):
     shift = 0.0
 
     def _inverse_frequency(self, head_dim):
-        return super()._inverse_frequency(head_dim) + self.shift
+        return [frequency + self.shift for frequency in super()._inverse_frequency(head_dim)]
 
 
 def test_rotary_layers_of_one_configuration_share_the_loops_angles():

@@ -1,7 +1,7 @@
 """`torch.compile` of the layers and models, on torch (the other backends'
 compilers, XLA through `jit_compile`, run in every compiled test elsewhere).
 
-Dynamo traces the attention layer and `GPT` whole (`fullgraph=True` raises at
+Dynamo traces the attention layer and the models whole (`fullgraph=True` raises at
 the first graph break), and the compiled calls and gradients equal the eager
 ones, non-finite values in masked positions included. A model compiled by
 Keras with `jit_compile=True` trains as the eager one does.
@@ -16,6 +16,8 @@ import pytest
 import harness
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.models import GPT
+from keras_attention.models import BertMaskedLM
+from keras_attention.models import Seq2SeqTransformer
 
 if keras.backend.backend() != "torch":
     pytest.skip("torch.compile is torch's compiler", allow_module_level=True)
@@ -47,7 +49,8 @@ def _value_and_gradients(function, weights, *inputs):
         weight.value.grad = None
     output = function(*inputs)
     output.sum().backward()
-    return harness.to_numpy(output), [harness.to_numpy(w.value.grad) for w in weights]
+    gradients = [w.value.grad for w in weights]  # None: a weight the output does not read
+    return harness.to_numpy(output), [g if g is None else harness.to_numpy(g) for g in gradients]
 
 
 def _assert_compiled_equals_eager(function, weights, *inputs):
@@ -57,8 +60,11 @@ def _assert_compiled_equals_eager(function, weights, *inputs):
     np.testing.assert_allclose(got, eager, rtol=1e-5, atol=1e-5)
     # Inductor sums in another order: gradients that are 0 but for rounding
     # (a bias before a norm) move by 1e-5 of the largest.
-    scale = max(np.abs(g).max() for g in eager_gradients)
+    assert [g is None for g in gradients] == [g is None for g in eager_gradients]
+    scale = max(np.abs(g).max() for g in eager_gradients if g is not None)
     for gradient, expected in zip(gradients, eager_gradients):
+        if expected is None:
+            continue
         np.testing.assert_allclose(gradient, expected, rtol=1e-4, atol=1e-5 * scale)
     return got
 
@@ -90,16 +96,56 @@ def test_attention_with_masks_and_nonfinite_keys_traces_whole():
     np.testing.assert_allclose(got[1, :7], clean[1, :7], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
-def test_gpt_traces_whole(training):
-    """The model's call, token-id checks included (skipped while traced, as
-    under `jax.jit`), is one graph, and equals the eager call."""
-    model = GPT(**CONFIG)
-    ids = _ids()
-    model(ids)
+def _gpt():
+    return GPT(**CONFIG), _ids()
+
+
+def _llama():
+    model = GPT(
+        **CONFIG, activation="silu", num_key_value_heads=1, use_bias=False,
+        normalization="rms_norm", positions="rotary", gated_feedforward=True,
+        tie_weights=False,
+    )
+    return model, _ids()
+
+
+def _bert():
+    model = BertMaskedLM(V, num_layers=1, num_heads=2, hidden_dim=D, intermediate_dim=32,
+                         dropout=0.0, max_sequence_length=T)
+    padding = np.ones((B, T), bool)
+    padding[1, 6:] = False
+    inputs = {
+        "token_ids": _ids(),
+        "segment_ids": np.repeat([[0] * 4 + [1] * 4], B, axis=0).astype("int32"),
+        "padding_mask": padding,
+        "mask_positions": np.array([[1, 3, 6], [0, 2, 5]], "int32"),
+    }
+    return model, inputs
+
+
+def _seq2seq():
+    model = Seq2SeqTransformer(V, V, T, T, num_encoder_layers=1, num_decoder_layers=1,
+                               num_heads=2, hidden_dim=D, intermediate_dim=32, dropout=0.0)
+    source = _ids(1)
+    source[1, 5:] = 0  # padding
+    return model, {"encoder_token_ids": source, "decoder_token_ids": _ids(2)[:, :5]}
+
+
+@pytest.mark.parametrize(
+    "build, training",
+    [(_gpt, False), (_gpt, True), (_llama, True), (_bert, True), (_seq2seq, True)],
+    ids=["gpt-inference", "gpt", "llama", "bert", "seq2seq"],
+)
+def test_models_trace_whole(build, training):
+    """Each model's call, input checks included (skipped while traced, as
+    under `jax.jit`), its position tables (learned, rotary, sinusoidal),
+    norms, grouped heads and masks, is one graph and equals the eager call."""
+    model, inputs = build()
+    model(inputs)
     harness.randomize_weights(model)
+    inputs = keras.tree.map_structure(torch.tensor, inputs)
     _assert_compiled_equals_eager(
-        lambda x: model(x, training=training), model.trainable_weights, torch.tensor(ids)
+        lambda x: model(x, training=training), model.trainable_weights, inputs
     )
 
 
