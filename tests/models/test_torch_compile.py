@@ -1,9 +1,9 @@
 """`torch.compile` of the layers and models, on torch (the other backends'
 compilers, XLA through `jit_compile`, run in every compiled test elsewhere).
 
-Dynamo traces the attention layer and the models whole (`fullgraph=True` raises at
-the first graph break), and the compiled calls and gradients equal the eager
-ones, non-finite values in masked positions included. A model compiled by
+Dynamo traces the attention layer and the models whole (`fullgraph=True`
+raises at the first graph break), and the compiled calls and gradients equal
+the eager ones, non-finite values in masked positions included. A model compiled by
 Keras with `jit_compile=True` trains as the eager one does.
 
 Shape legend: `B` batch, `T` length, `D` width, `V` vocabulary size.
@@ -15,8 +15,8 @@ import pytest
 
 import harness
 from keras_attention.layers import MultiHeadAttention
-from keras_attention.models import GPT
 from keras_attention.models import BertMaskedLM
+from keras_attention.models import GPT
 from keras_attention.models import Seq2SeqTransformer
 
 if keras.backend.backend() != "torch":
