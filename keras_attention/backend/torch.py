@@ -100,10 +100,14 @@ def gelu(x):
     return None
 
 
+def compiling():
+    return torch.compiler.is_compiling()
+
+
 def unless_nonfinite(output, recompute):
     """A Python `if` eagerly; under `torch.compile` (or on meta tensors,
     where values are unknown) always the recomputation."""
-    if torch.compiler.is_compiling() or output.device.type == "meta":
+    if compiling() or output.device.type == "meta":
         return recompute()
     finite = torch.isfinite(torch.sum(output.float()))
     return output if bool(finite) else recompute()
@@ -128,14 +132,10 @@ def all_finite(*tensors):
     """One float32 sum over all the tensors (NaN and inf survive a sum), read
     eagerly; None under `torch.compile` or on meta tensors."""
     tensors = [ops.convert_to_tensor(t) for t in tensors]
-    if torch.compiler.is_compiling() or any(t.device.type == "meta" for t in tensors):
+    if compiling() or any(t.device.type == "meta" for t in tensors):
         return None
     total = sum(torch.sum(t, dtype=torch.float32) for t in tensors)
     return bool(torch.isfinite(total))
-
-
-def compiling():
-    return torch.compiler.is_compiling()
 
 
 def constant(values, dtype, like):

@@ -245,10 +245,11 @@ class RotaryEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
         if self.truncate:
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0.0), min(high, head_dim - 1.0)
+        scale = float(self.scaling_factor)
         frequencies = []
         for index in range(head_dim // 2):
             extrapolated = base ** -(2 * index / head_dim)
-            interpolated = extrapolated / float(self.scaling_factor)
+            interpolated = extrapolated / scale
             ramp = min(max((index - low) / max(high - low, 0.001), 0.0), 1.0)
             frequencies.append(interpolated * ramp + extrapolated * (1.0 - ramp))
         return frequencies
