@@ -7,9 +7,11 @@ One process per backend (Keras fixes its backend at import). In each:
   a `keras_hub.models.GPT2CausalLM` of the same sizes (the `cpu` preset of
   examples/gpt_lm: 4 layers, 4 heads, width 128, context 64, batch 12,
   65 tokens), alternating A B A B in rounds of `--train-steps` steps;
-- decoding: seconds per new token of `GPT.generate` (KV cache, compiled loop)
-  and `GPT2CausalLM.generate` (greedy sampler, its cache; on TensorFlow also
-  with XLA forced on, as `GPT.generate` compiles), batch 1, a prompt
+- decoding: seconds per new token of `GPT.generate` (KV cache, compiled loop;
+  on torch, eager, also compiled with `jit_compile=True`: `torch.compile`
+  of each one-token step) and `GPT2CausalLM.generate` (greedy sampler, its
+  cache; on TensorFlow also with XLA forced on, as `GPT.generate`
+  compiles), batch 1, a prompt
   of 16 tokens, at several total lengths, alternating likewise. Time per
   token flat in the length means the cache works: no step recomputes the
   prefix.
@@ -32,6 +34,7 @@ KerasHub's Llama time / our LLaMA's.
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -152,16 +155,25 @@ def _gpt2_section(args, backend, rng):
         theirs_xla = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
         theirs_xla.compile(sampler="greedy", jit_compile=True)
     ours = GPT.from_keras_hub(backbone)
+    # Torch decodes eagerly unless the model asks for its compiler: then
+    # each one-token step runs through `torch.compile` (the warm-up calls
+    # compile it).
+    ours_jit = None
+    if backend == "torch":
+        ours_jit = GPT.from_keras_hub(backbone)
+        ours_jit.compile(jit_compile=True)
     for length in lengths:
         new = length - prompt_length
         prompt, their_inputs = _decode_prompt(rng, length)
 
-        def our_generate(prompt=prompt, new=new):
-            ours.generate(prompt, new)
+        def our_generate(prompt=prompt, new=new, model=ours):
+            model.generate(prompt, new)
 
         runners = {"ours": our_generate, "keras_hub": _hub_generate(theirs, their_inputs)}
         if theirs_xla is not None:
             runners["keras_hub_xla"] = _hub_generate(theirs_xla, their_inputs)
+        if ours_jit is not None:
+            runners["ours_jit"] = functools.partial(our_generate, model=ours_jit)
         medians = _timing.interleaved(runners, args.repeats)
         print(
             json.dumps(
@@ -174,6 +186,11 @@ def _gpt2_section(args, backend, rng):
                     "ratio_xla": (
                         medians["keras_hub_xla"] / medians["ours"]
                         if "keras_hub_xla" in medians
+                        else None
+                    ),
+                    "ratio_jit": (
+                        medians["keras_hub"] / medians["ours_jit"]
+                        if "ours_jit" in medians
                         else None
                     ),
                 }
@@ -319,6 +336,11 @@ def main():
                     xla = (
                         f"  keras_hub+XLA {m['keras_hub_xla']:>7.3f}  "
                         f"ratio {row['ratio_xla']:.2f}"
+                    )
+                if row["ratio_jit"] is not None:
+                    xla += (
+                        f"  ours, jit_compile {m['ours_jit']:>7.3f}  "
+                        f"ratio {row['ratio_jit']:.2f}"
                     )
                 print(
                     f"{backend:<11} decode  length {row['length']:>4}  ms/token ours "

@@ -228,6 +228,15 @@ def compile_decoding(loop, variables):
     return _primitive("compile_decoding")(loop, variables)
 
 
+def compile_step(step):
+    """A model's decoding step `step(token_ids, caches, index)` compiled on
+    its own, for a model that asks for its backend's compiler
+    (`jit_compile=True`) where the decoding loop runs eagerly: torch's
+    `torch.compile`, for one-token steps. Elsewhere the step as it is: the
+    whole loop is compiled (`compile_decoding`)."""
+    return _primitive("compile_step")(step)
+
+
 def run_once(function, variables):
     """`function()`, a computation that reads `variables` (a model's), run
     once in the backend's quickest way for a single call: on JAX as one
@@ -246,6 +255,7 @@ __all__ = [
     "constant",
     "argmax",
     "compile_decoding",
+    "compile_step",
     "current",
     "custom_vjp",
     "dense",

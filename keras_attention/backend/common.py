@@ -245,5 +245,9 @@ def compile_decoding(loop, variables):
     return loop
 
 
+def compile_step(step):
+    return step
+
+
 def run_once(function, variables):
     return function()

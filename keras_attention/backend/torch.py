@@ -270,6 +270,26 @@ def stateless_uniform(like, seed, step):
     return noise.clamp_min_(1e-12).to(like.device)
 
 
+def compile_step(step):
+    """One-token steps through `torch.compile` (a prompt, whose length moves
+    from call to call, eagerly). The index goes in as a tensor: as a Python
+    int Dynamo would compile the step anew for each position. Compiled, the
+    layers cannot read the index, so a step attends over the whole cache
+    through its mask, as a compiled loop's step on JAX does, and its shapes
+    do not change from one step to the next. Torch's own policy for new
+    shapes holds: a second batch size or length compiles the step once more
+    with that size symbolic, and a graph break (a user's layer that Dynamo
+    cannot trace) runs that part eagerly."""
+    compiled = torch.compile(step)
+
+    def function(token_ids, caches, index):
+        if token_ids.shape[1] != 1:
+            return step(token_ids, caches, index)
+        return compiled(token_ids, caches, ops.convert_to_tensor(index, "int32"))
+
+    return function
+
+
 def compile_decoding(loop, variables):
     """The loop run eagerly without autograd, in `torch.inference_mode`.
 

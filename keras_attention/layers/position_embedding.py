@@ -11,6 +11,7 @@ import keras
 from keras import ops
 
 from keras_attention import _docs
+from keras_attention import backend
 from keras_attention import _validation
 from keras_attention._typing import Initializer
 from keras_attention._typing import IntOrTensor
@@ -108,9 +109,16 @@ class PositionEmbedding(DirectCalls, PositionOutputs, keras.layers.Layer):
                 # One index dtype for tf.slice's packed start vector.
                 start_index = ops.cast(start_index, "int32")
             length = ops.shape(inputs)[-2]
-            rows = ops.slice(
-                table, (start_index, 0), (length, table.shape[-1])
-            )  # (T, D)
+            if not isinstance(start_index, int) and backend.compiling():
+                # Keras's torch `slice` reads a tensor start back, which
+                # `torch.compile` cannot trace: the same rows by index,
+                # the start clamped as `jax.lax.dynamic_slice` clamps it.
+                start_index = ops.clip(start_index, 0, table.shape[0] - length)
+                rows = ops.take(table, start_index + ops.arange(length), axis=0)  # (T, D)
+            else:
+                rows = ops.slice(
+                    table, (start_index, 0), (length, table.shape[-1])
+                )  # (T, D)
         return broadcast_rows(rows, inputs)  # (B, ..., T, D)
 
     @property

@@ -192,11 +192,16 @@ class Generator:
             as padding (a translation model's decoder mask): the pad id is
             then never generated, so that the model's full pass scores a
             generated sequence as `return_scores` says.
+        jit_compile: a function returning whether the model asks for its
+            backend's compiler (`compile(jit_compile=True)`), read at each
+            call: where the loop runs eagerly (torch), its one-token step is
+            then compiled on its own (`backend.compile_step`).
     """
 
     def __init__(
         self, step, empty_caches, variables, vocabulary_size, max_length,
         max_length_name="max_sequence_length", reorder_caches=None, pad_is_padding=False,
+        jit_compile=lambda: False,
     ):
         self.step = step
         self.empty_caches = empty_caches
@@ -206,6 +211,8 @@ class Generator:
         self.max_length_name = max_length_name
         self.reorder_caches = reorder_caches or beam_search_lib.take_rows
         self.pad_is_padding = bool(pad_is_padding)
+        self.jit_compile = jit_compile
+        self._compiled_step = None
         self._functions = {}
 
     def check_token(self, name, token):
@@ -259,6 +266,7 @@ class Generator:
                 seed = int(np.random.randint(0, _generation_args.SEED_LIMIT))
             top_p = 1.0 if top_p is None else top_p
             noise = (np.int32(seed), np.float32(temperature), np.float32(top_p))
+        step = self._step()
 
         def loop(prompt, *arguments):
             if ragged:
@@ -274,12 +282,14 @@ class Generator:
                 windowed=backend.preferences().cache_windows,
             )
             return decode(
-                self.step, caches, ids, in_prompt, limits,
+                step, caches, ids, in_prompt, limits,
                 seed, temperature, top_p, phases=phases,
                 vocabulary_size=self.vocabulary_size, **options,
             )
 
-        key = ("sample", prompt.shape[0], total, ragged) + tuple(sorted(options.items()))
+        key = ("sample", prompt.shape[0], total, ragged, step is not self.step) + tuple(
+            sorted(options.items())
+        )
         outputs = self._function(key, loop)(
             prompt.astype("int32", copy=False), *lengths, *noise, *context
         )
@@ -391,6 +401,7 @@ class Generator:
         )
         first = start - 1  # the beams' loop starts at the shortest prompt's last token
         ragged = bool(lengths)
+        step = self._step()
 
         def loop(prompt, *arguments):
             lengths, context = (arguments[0], arguments[1:]) if ragged else (None, arguments)
@@ -400,17 +411,19 @@ class Generator:
             )
             if first:
                 # The prompts' common head, once per source: every beam shares it.
-                _, caches = self.step(prompt[:, :first], caches, 0)
+                _, caches = step(prompt[:, :first], caches, 0)
             # Row b K + k is beam k of source b.
             caches = keras.tree.map_structure(
                 lambda cache: ops.repeat(cache, num_beams, axis=0), caches
             )
             return beam_search_lib.beam_search(
-                self.step, caches, prompt, total, reorder=self.reorder_caches,
+                step, caches, prompt, total, reorder=self.reorder_caches,
                 phases=phases, lengths=lengths, **options,
             )
 
-        key = ("beam", batch, prompt_length, total, ragged) + tuple(sorted(options.items()))
+        key = ("beam", batch, prompt_length, total, ragged, step is not self.step) + tuple(
+            sorted(options.items())
+        )
         sequences, scores = self._function(key, loop)(
             prompt.astype("int32", copy=False), *lengths, *context
         )
@@ -427,6 +440,15 @@ class Generator:
             )
         return total
 
+    def _step(self):
+        """The step the loops call: compiled on its own where the model asks
+        for a compiler and the backend runs the loop eagerly, made once."""
+        if not self.jit_compile():
+            return self.step
+        if self._compiled_step is None:
+            self._compiled_step = backend.compile_step(self.step)
+        return self._compiled_step
+
     def _function(self, key, loop):
         """The compiled `loop` for one configuration (its step computing
         `rows` rows), made once."""
@@ -442,12 +464,14 @@ def model_generator(
 ):
     """`model`'s `Generator`, made at the first call and kept as
     `model._generator`; `Generator`'s arguments, but that the variables
-    are the model's and `max_length` the model's attribute named
-    `max_length_name`. `options`: `Generator`'s other arguments."""
+    are the model's, `max_length` the model's attribute named
+    `max_length_name`, and `jit_compile` the model's `compile()` argument.
+    `options`: `Generator`'s other arguments."""
     if model._generator is None:
         model._generator = Generator(
             step, empty_caches, lambda: model.variables, vocabulary_size,
-            getattr(model, max_length_name), max_length_name, **options,
+            getattr(model, max_length_name), max_length_name,
+            jit_compile=lambda: getattr(model, "jit_compile", False) is True, **options,
         )
     return model._generator
 

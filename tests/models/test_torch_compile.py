@@ -166,3 +166,52 @@ def test_jit_compiled_fit_trains_as_eager():
         ]
     assert losses[True][2] < losses[True][0]
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+
+
+def _compiled_twin(model):
+    """A model of `model`'s config and weights, compiled with `jit_compile=True`."""
+    twin = model.__class__.from_config(model.get_config())
+    twin.build((None, None)) if isinstance(model, GPT) else twin(
+        {"encoder_token_ids": _ids()[:, :4], "decoder_token_ids": _ids()[:, :4]}
+    )
+    twin.set_weights(model.get_weights())
+    twin.compile(jit_compile=True)
+    return twin
+
+
+@pytest.mark.parametrize(
+    "build, options",
+    [
+        (_gpt, dict(sampling="greedy")),
+        (_gpt, dict(sampling="top_k", top_k=5, seed=4)),
+        (_llama, dict(sampling="beam", num_beams=3)),
+        (_seq2seq, dict(sampling="greedy")),
+    ],
+    ids=["gpt-greedy", "gpt-top-k", "llama-beam", "seq2seq-greedy"],
+)
+def test_jit_compiled_models_generate_as_eager(build, options):
+    """`compile(jit_compile=True)`: torch decodes one token at a time through
+    the compiled step, the whole step one graph (no graph break), and
+    returns the eager model's tokens and scores."""
+    model, inputs = build()
+    model(inputs)
+    harness.randomize_weights(model)
+    twin = _compiled_twin(model)
+    if isinstance(model, GPT):
+        padding = np.ones((B, 5), bool)
+        padding[1, 3:] = False  # ragged prompts
+        prompt = (_ids()[:, :5],)
+        arguments = dict(max_new_tokens=T - 5, prompt_padding_mask=padding, **options)
+    else:
+        prompt = (inputs["encoder_token_ids"], T - 1)
+        arguments = dict(start_token_id=1, **options)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    expected, expected_scores = model.generate(*prompt, return_scores=True, **arguments)
+    assert not counters["stats"]  # eagerly, nothing compiled
+    got, scores = twin.generate(*prompt, return_scores=True, **arguments)
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
