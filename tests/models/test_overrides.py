@@ -213,10 +213,15 @@ def _gpt_greedy_by_layers(model, prompt, new_tokens):
     return ids
 
 
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["default", "jit_compile"])
 @pytest.mark.parametrize("model_class", [HalvedGPT, DoubledAttentionGPT])
-def test_gpt_generates_through_the_overridden_code(model_class):
+def test_gpt_generates_through_the_overridden_code(model_class, jit_compile):
+    """`jit_compile=True`: on torch each decoding step through
+    `torch.compile`, which traces the overriding code too."""
     prompt = np.random.default_rng(6).integers(1, V, (B, 3)).astype("int32")
     model = _gpt(model_class)
+    if jit_compile:
+        model.compile(jit_compile=True)
     got = model.generate(prompt, max_new_tokens=8)
     np.testing.assert_array_equal(got, _gpt_greedy_by_layers(model, prompt, 8))
     np.testing.assert_allclose(
