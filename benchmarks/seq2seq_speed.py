@@ -19,6 +19,8 @@ small size (2 encoder + 2 decoder blocks, 4 heads, width 128, feed-forward
   compiles with XLA), greedy and 4-beam, at the batch sizes of `--batches`.
   Our model takes the BART backbone's weights (`Seq2SeqTransformer.from_keras_hub`),
   so both decode the same function (`same` below: whether the tokens agree).
+  On torch, ours is also timed compiled with `jit_compile=True` (each
+  one-token step through `torch.compile`; `ours, jit_compile`).
   Each translation is also timed with one new token, in the same rounds: the
   median over rounds of the difference, over the `--new-tokens` - 1 tokens
   between, is the *marginal* time per token (the `marginal` rows): the
@@ -189,6 +191,12 @@ def worker(args):
         max_sequence_length=MAX_LENGTH,
     )
     ours = Seq2SeqTransformer.from_keras_hub(backbone)
+    # Torch decodes eagerly unless the model asks for its compiler: then each
+    # one-token step runs through `torch.compile` (the warm-up compiles it).
+    ours_jit = None
+    if backend == "torch":
+        ours_jit = Seq2SeqTransformer.from_keras_hub(backbone)
+        ours_jit.compile(jit_compile=True)
     samplers = {
         "greedy": keras_hub.samplers.GreedySampler,
         "beam": lambda: keras_hub.samplers.BeamSampler(num_beams=4),
@@ -233,6 +241,10 @@ def worker(args):
                 (name, their_generate(model, new, name)) for name, model in peers.items()
             )
             runners["ours_short"] = our_generate(short, "ours_short")
+            if ours_jit is not None:
+                runners["ours_jit"] = our_runner(
+                    ours_jit, source, source_mask, new, sampling, outputs, "ours_jit"
+                )
             runners.update(
                 (f"{name}_short", their_generate(model, short, f"{name}_short"))
                 for name, model in peers.items()
@@ -241,6 +253,9 @@ def worker(args):
             medians = {name: all_medians[name] for name in ["ours", *peers]}
             ratios = {n: m / medians["ours"] for n, m in medians.items() if n != "ours"}
             marginal = marginal_seconds(times, ["ours", *peers], new - short)
+            if "ours_jit" in all_medians:
+                medians["ours_jit"] = all_medians["ours_jit"]
+                ratios["ours_jit"] = medians["keras_hub"] / medians["ours_jit"]
             if sampling == "greedy":
                 # In its own rounds: 100 to 300 times as long as a cached
                 # call, it evicts the caches the call after it finds, and in
@@ -258,6 +273,8 @@ def worker(args):
             same = bool(
                 np.array_equal(np.asarray(outputs["ours"]), outputs["keras_hub"])
                 and np.array_equal(np.asarray(outputs["ours_short"]), outputs["keras_hub_short"])
+                and np.array_equal(np.asarray(outputs.get("ours_jit", outputs["ours"])),
+                                   outputs["keras_hub"])
             )
             print(
                 json.dumps(
@@ -409,6 +426,11 @@ def main():
                     for name in ("keras_hub", "keras_hub_xla", "uncached")
                     if name in m
                 )
+                if "ours_jit" in m:
+                    peers += (
+                        f"  ours, jit_compile {m['ours_jit']:>7.2f}  keras_hub / it "
+                        f"{r['ours_jit']:.2f}"
+                    )
                 print(
                     f"{backend:<11} {'decode':<9}{row['sampling']:<6} batch {row['batch']}  "
                     f"ms/token ours {m['ours']:>7.2f}{peers}  same {row['same']}",
