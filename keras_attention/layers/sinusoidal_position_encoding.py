@@ -11,8 +11,8 @@ import keras
 from keras import ops
 
 from keras_attention import _docs
-from keras_attention import backend
 from keras_attention import _validation
+from keras_attention import backend
 from keras_attention._typing import IntOrTensor
 from keras_attention._typing import Tensor
 from keras_attention.layers._direct_calls import DirectCalls

@@ -168,12 +168,11 @@ def test_jit_compiled_fit_trains_as_eager():
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
 
 
-def _compiled_twin(model):
-    """A model of `model`'s config and weights, compiled with `jit_compile=True`."""
+def _compiled_twin(model, inputs):
+    """A model of `model`'s config and weights (built on `inputs`), compiled
+    with `jit_compile=True`."""
     twin = model.__class__.from_config(model.get_config())
-    twin.build((None, None)) if isinstance(model, GPT) else twin(
-        {"encoder_token_ids": _ids()[:, :4], "decoder_token_ids": _ids()[:, :4]}
-    )
+    twin(inputs)
     twin.set_weights(model.get_weights())
     twin.compile(jit_compile=True)
     return twin
@@ -196,7 +195,7 @@ def test_jit_compiled_models_generate_as_eager(build, options):
     model, inputs = build()
     model(inputs)
     harness.randomize_weights(model)
-    twin = _compiled_twin(model)
+    twin = _compiled_twin(model, inputs)
     if isinstance(model, GPT):
         padding = np.ones((B, 5), bool)
         padding[1, 3:] = False  # ragged prompts
